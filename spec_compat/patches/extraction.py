@@ -1,0 +1,427 @@
+"""Patches that make speculators 0.3.x hidden-state extraction run on newer vLLM.
+
+Driver-side patches act on names that ``vllm_hidden_states_generator`` bound at
+import (see :mod:`spec_compat.bindings`), so vLLM itself stays untouched for
+every other caller in the process.  Worker-side patches act on
+``custom_worker`` inside vLLM's spawned workers, reached through the
+``vllm.general_plugins`` entry point.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from .. import bindings
+from ..registry import Changes, Patch, TargetChanged, register
+from . import _guards as g
+
+GEN = "speculators.data_generation.vllm_hidden_states_generator"
+CW = "speculators.data_generation.custom_worker"
+SPEC_03 = ">=0.3,<0.4"
+
+
+@register
+class SchedulerConfigInitVars(Patch):
+    """vLLM 0.12 (config/scheduler.py) made ``max_model_len`` and ``is_encoder_decoder``
+    required InitVars of SchedulerConfig; speculators 0.3.0 (generator:194) passes
+    neither ``is_encoder_decoder`` -> validation error at start-up."""
+
+    id = "scheduler-config-init-vars"
+    summary = "SchedulerConfig gets is_encoder_decoder=False (decoder-only extraction)"
+    upstream = "vLLM 0.12.0 config/scheduler.py: required InitVar is_encoder_decoder; generator:194 -> TypeError"
+    fixes = ("F1",)
+    target = f"{GEN}:SchedulerConfig"
+    requires = {"speculators": SPEC_03, "vllm": ">=0.12"}
+
+    def check(self, module: ModuleType) -> None:
+        g.has_params(g.attr(module, "SchedulerConfig"), "SchedulerConfig", "is_encoder_decoder", "max_model_len")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        def adapt(kw: dict[str, Any]) -> dict[str, Any]:
+            kw.setdefault("is_encoder_decoder", False)
+            return kw
+
+        bindings.adapt_call(changes, module, "SchedulerConfig", adapt)
+
+
+@register
+class AsyncSchedulingOff(Patch):
+    """vLLM 0.14 turns async scheduling on by itself for the multiprocessing
+    executor; speculators drives the executor synchronously, step by step."""
+
+    id = "async-scheduling-off"
+    summary = "SchedulerConfig(async_scheduling=False) for the generator's synchronous loop"
+    upstream = "vLLM 0.14.0 config/vllm.py: async scheduling auto-enabled for the mp executor"
+    fixes = ("O3",)
+    target = f"{GEN}:SchedulerConfig"
+    requires = {"speculators": SPEC_03, "vllm": ">=0.14"}
+
+    def check(self, module: ModuleType) -> None:
+        g.has_params(g.attr(module, "SchedulerConfig"), "SchedulerConfig", "async_scheduling")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        def adapt(kw: dict[str, Any]) -> dict[str, Any]:
+            kw.setdefault("async_scheduling", False)
+            return kw
+
+        bindings.adapt_call(changes, module, "SchedulerConfig", adapt)
+
+
+@register
+class KvCacheMemoryFromPlatform(Patch):
+    """speculators 0.3.0 (generator:133) sizes the KV cache with
+    ``torch.cuda.mem_get_info()``: without CUDA it raises (CPU engines, other
+    accelerators).  With CUDA nothing changes."""
+
+    id = "kv-cache-memory-from-platform"
+    summary = "KV cache sized from the platform's budget when CUDA is absent (CUDA unchanged)"
+    upstream = "speculators 0.3.0 generator:133 torch.cuda.mem_get_info(): no CUDA -> RuntimeError"
+    fixes = ("F2",)
+    target = f"{GEN}:torch"
+    requires = {"speculators": SPEC_03, "vllm": ">=0.11"}
+
+    def check(self, module: ModuleType) -> None:
+        torch = getattr(module, "torch")
+        if not isinstance(torch, ModuleType) or not hasattr(getattr(torch, "cuda", None), "mem_get_info"):
+            raise TargetChanged(f"{GEN}.torch is not the torch module with cuda.mem_get_info")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        from ..shims.memory import TorchView
+
+        changes.setattr(module, "torch", TorchView(module.torch))
+
+
+@register
+class KvCacheConfigSignature(Patch):
+    """vLLM 0.12 (v1/core/kv_cache_utils.py) removed the ``kv_cache_specs``
+    parameter of ``get_kv_cache_config_from_groups``; generator:136 passes it."""
+
+    id = "kv-cache-config-signature"
+    summary = "get_kv_cache_config_from_groups called without the removed kv_cache_specs"
+    upstream = "vLLM 0.12.0 v1/core/kv_cache_utils.py: kv_cache_specs removed -> TypeError"
+    fixes = ("F3",)
+    target = f"{GEN}:get_kv_cache_config_from_groups"
+    requires = {"speculators": SPEC_03, "vllm": ">=0.12"}
+
+    def check(self, module: ModuleType) -> None:
+        fn = g.attr(module, "get_kv_cache_config_from_groups")
+        g.has_params(fn, "get_kv_cache_config_from_groups", "vllm_config", "kv_cache_groups", "available_memory")
+        g.lacks_params(fn, "get_kv_cache_config_from_groups", "kv_cache_specs")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        def adapt(kw: dict[str, Any]) -> dict[str, Any]:
+            kw.pop("kv_cache_specs", None)
+            return kw
+
+        bindings.adapt_call(changes, module, "get_kv_cache_config_from_groups", adapt)
+
+
+@register
+class SchedulerBlockSize(Patch):
+    """vLLM 0.11.1 added a required ``block_size`` to the v1 ``Scheduler``; the
+    engine passes ``cache_config.block_size`` x DCP x PCP, read after config init."""
+
+    id = "scheduler-block-size"
+    summary = "Scheduler gets block_size = cache block size x context-parallel sizes, as the engine does"
+    upstream = "vLLM 0.11.1 v1/core/sched/scheduler.py: new required block_size; generator:148 -> TypeError"
+    fixes = ("F4",)
+    target = f"{GEN}:Scheduler"
+    requires = {"speculators": SPEC_03, "vllm": ">=0.11.1"}
+
+    def check(self, module: ModuleType) -> None:
+        g.has_params(g.attr(module, "Scheduler").__init__, "Scheduler.__init__", "block_size", "vllm_config")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        def adapt(kw: dict[str, Any]) -> dict[str, Any]:
+            if "block_size" not in kw:
+                cfg = kw["vllm_config"]
+                pc = cfg.parallel_config
+                kw["block_size"] = (
+                    cfg.cache_config.block_size
+                    * getattr(pc, "decode_context_parallel_size", 1)
+                    * getattr(pc, "prefill_context_parallel_size", 1)
+                )
+            return kw
+
+        bindings.adapt_call(changes, module, "Scheduler", adapt, kind="subclass")
+
+
+@register
+class KeepUnfinishedPrefill(Patch):
+    """speculators 0.3.0 (generator:263) aborts every scheduled request after one
+    step.  With chunked prefill (default since vLLM 0.11.1) a long prompt's tail is
+    never computed: 5x2000 tokens gave 192 rows for the last sequence, silently."""
+
+    id = "keep-unfinished-prefill"
+    summary = "the generator's per-step abort skips requests whose prefill is unfinished"
+    upstream = "vLLM 0.11.1 chunked prefill default on; generator:263 aborts partial prefills -> truncated states"
+    fixes = ("F9",)
+    target = f"{GEN}:Scheduler"
+    requires = {"speculators": SPEC_03, "vllm": ">=0.11.1"}
+
+    def check(self, module: ModuleType) -> None:
+        g.has_params(g.attr(module, "Scheduler").finish_requests, "Scheduler.finish_requests",
+                     "request_ids", "finished_status")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        def finish_requests(wrapped: Any, sched: Any, args: tuple, kwargs: dict) -> Any:
+            call = dict(zip(("request_ids", "finished_status"), args), **kwargs)
+            ids = call["request_ids"]
+            ids = (ids,) if isinstance(ids, str) else list(ids)
+            done = []
+            for rid in ids:
+                req = sched.requests.get(rid)
+                if req is not None and req.num_computed_tokens < req.num_prompt_tokens:
+                    continue  # its prefill continues in a later step
+                done.append(rid)
+            if not done:
+                return None
+            return wrapped(done, call["finished_status"])
+
+        bindings.wrap_method(changes, module, "Scheduler", "finish_requests", finish_requests)
+
+
+@register
+class PrefixCachingOff(Patch):
+    """vLLM 0.12 turns prefix caching on by default and needs a ``block_hasher`` on
+    each Request (assertion in block_pool for prompts >= one block).  A cache hit
+    skips computing the cached rows, so the capture silently loses them (58 -> 20)."""
+
+    id = "prefix-caching-off"
+    summary = "CacheConfig(enable_prefix_caching=False): every prompt row is computed and captured"
+    upstream = "vLLM 0.12.0 config/cache.py prefix caching on; Request lacks block_hasher -> assert / lost rows"
+    fixes = ("F8",)
+    target = f"{GEN}:CacheConfig"
+    requires = {"speculators": SPEC_03, "vllm": ">=0.12"}
+
+    def check(self, module: ModuleType) -> None:
+        g.has_params(g.attr(module, "CacheConfig"), "CacheConfig", "enable_prefix_caching", "block_size")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        def adapt(kw: dict[str, Any]) -> dict[str, Any]:
+            kw["enable_prefix_caching"] = False
+            return kw
+
+        bindings.adapt_call(changes, module, "CacheConfig", adapt)
+
+
+def _rpc_method(args: tuple, kwargs: dict) -> Any:
+    return args[0] if args else kwargs.get("method")
+
+
+@register
+class CollectiveRpcSingleReply(Patch):
+    """vLLM 0.11.1 changed ``collective_rpc(..., unique_reply_rank=r)`` to return
+    that rank's reply itself instead of a list; generator:271 indexes ``[0]`` and
+    gets the first layer's tensor."""
+
+    id = "collective-rpc-single-reply"
+    summary = "speculators' unique-reply RPCs get the list-of-replies shape they index"
+    upstream = "vLLM 0.11.1 v1/executor/multiproc_executor.py: unique_reply_rank returns one reply -> [0] is layer 0"
+    fixes = ("F6",)
+    target = f"{GEN}:MultiprocExecutor"
+    requires = {"speculators": SPEC_03, "vllm": ">=0.11.1"}
+
+    def check(self, module: ModuleType) -> None:
+        g.has_params(g.attr(module, "MultiprocExecutor").collective_rpc, "MultiprocExecutor.collective_rpc",
+                     "method", "unique_reply_rank")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        def collective_rpc(wrapped: Any, executor: Any, args: tuple, kwargs: dict) -> Any:
+            result = wrapped(*args, **kwargs)
+            method = _rpc_method(args, kwargs)
+            # only speculators' own worker-extension RPCs (underscore names), never
+            # vLLM's internal ones (execute_model, sample_tokens, ...)
+            if kwargs.get("unique_reply_rank") is not None and isinstance(method, str) and method.startswith("_"):
+                return [result]
+            return result
+
+        bindings.wrap_method(changes, module, "MultiprocExecutor", "collective_rpc", collective_rpc)
+
+
+@register
+class TwoPhaseStep(Patch):
+    """vLLM 0.11.1 split a step into ``execute_model`` (returns None) and
+    ``sample_tokens``; without the second call the next step fails with
+    'State error' (generator:261)."""
+
+    id = "two-phase-step"
+    summary = "execute_model is followed by sample_tokens when it returns None"
+    upstream = "vLLM 0.11.1 v1/worker/gpu_model_runner.py two-phase step -> 'State error' on step 2"
+    fixes = ("F7",)
+    target = f"{GEN}:MultiprocExecutor"
+    requires = {"speculators": SPEC_03, "vllm": ">=0.11.1"}
+
+    def check(self, module: ModuleType) -> None:
+        ex = g.attr(module, "MultiprocExecutor")
+        g.has_attrs(ex, "MultiprocExecutor", "execute_model", "sample_tokens")
+        g.has_params(ex.sample_tokens, "MultiprocExecutor.sample_tokens", "grammar_output")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        def execute_model(wrapped: Any, executor: Any, args: tuple, kwargs: dict) -> Any:
+            out = wrapped(*args, **kwargs)
+            if out is None:
+                out = executor.sample_tokens(None)
+            return out
+
+        bindings.wrap_method(changes, module, "MultiprocExecutor", "execute_model", execute_model)
+
+
+@register
+class WorkerForwardEmbedInputIds(Patch):
+    """vLLM 0.11.1 renamed the base model's ``get_input_embeddings`` to
+    ``embed_input_ids`` and gave ``forward`` extra layer kwargs; speculators'
+    replacement forward (custom_worker:30) raises AttributeError in the worker."""
+
+    id = "worker-forward-embed-input-ids"
+    summary = "the capture forward bound onto the base model uses embed_input_ids and passes layer kwargs"
+    upstream = "vLLM 0.11.1 model_executor/models/*: get_input_embeddings -> embed_input_ids (custom_worker:30)"
+    fixes = ("F5",)
+    target = f"{CW}:_patched_forward"
+    requires = {"speculators": SPEC_03, "vllm": ">=0.11.1"}
+    side = "worker"
+
+    def check(self, module: ModuleType) -> None:
+        fn = g.attr(module, "_patched_forward")
+        g.has_params(fn, "custom_worker._patched_forward", "self", "input_ids", "positions")
+        g.has_attrs(g.attr(module, "HiddenStatesWorkerExtension"), "HiddenStatesWorkerExtension",
+                    "_setup_hidden_states_capture", "_store_captured_states")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        from ..shims.capture import capture_forward
+
+        changes.setattr(module, "_patched_forward", capture_forward)
+
+
+@register
+class CapturePerRequest(Patch):
+    """speculators 0.3.0 concatenates every forward's rows and the driver slices
+    them in input order (generator:278), but the engine runs requests in its own
+    order (chunked prompts continue after new ones): rows silently belong to other
+    sequences.  The worker now keys captured rows by request id."""
+
+    id = "capture-per-request"
+    summary = "worker keys captured rows by request id (input_batch.req_ids x num_scheduled_tokens)"
+    upstream = "speculators 0.3.0 custom_worker:88 one list per layer, no request ids; engine reorders (F10)"
+    fixes = ("F10",)
+    target = f"{CW}:HiddenStatesWorkerExtension"
+    requires = {"speculators": SPEC_03}
+    side = "worker"
+
+    _METHODS = ("_setup_hidden_states_capture", "_store_captured_states", "_reset_capture", "_get_captured_states")
+
+    def check(self, module: ModuleType) -> None:
+        g.has_attrs(g.attr(module, "HiddenStatesWorkerExtension"), "HiddenStatesWorkerExtension", *self._METHODS)
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        from ..shims.capture import BY_REQUEST, PerRequestStore
+
+        ext = module.HiddenStatesWorkerExtension
+        orig_setup = ext._setup_hidden_states_capture
+        orig_reset = ext._reset_capture
+
+        def _setup_hidden_states_capture(self: Any, layer_ids: list[int]) -> Any:
+            out = orig_setup(self, layer_ids)
+            self._spec_compat_store = PerRequestStore()
+            runner = self.model_runner
+            if not getattr(runner.execute_model, "_spec_compat_step", False):
+                run = runner.execute_model
+
+                def execute_model(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+                    store = getattr(self, "_spec_compat_store", None)
+                    if store is not None:
+                        store.begin_step(scheduler_output.num_scheduled_tokens)
+                    try:
+                        return run(scheduler_output, *args, **kwargs)
+                    finally:
+                        if store is not None:
+                            store.end_step()
+
+                execute_model._spec_compat_step = True  # type: ignore[attr-defined]
+                runner.execute_model = execute_model
+            return out
+
+        def _store_captured_states(self: Any, aux_hidden_states: list[Any]) -> None:
+            batch = self.model_runner.input_batch
+            self._spec_compat_store.store(aux_hidden_states, batch.req_ids[: batch.num_reqs])
+
+        def _reset_capture(self: Any) -> Any:
+            out = orig_reset(self)
+            self._spec_compat_store = PerRequestStore()
+            return out
+
+        def _get_captured_states(self: Any) -> Any:
+            self._captured_states = None
+            store = getattr(self, "_spec_compat_store", None)
+            got = store.collect() if store is not None else None
+            return None if got is None else {BY_REQUEST: got}
+
+        for name, fn in (("_setup_hidden_states_capture", _setup_hidden_states_capture),
+                         ("_store_captured_states", _store_captured_states),
+                         ("_reset_capture", _reset_capture),
+                         ("_get_captured_states", _get_captured_states)):
+            changes.setattr(ext, name, fn)
+
+
+# request order per generator (keyed by its VllmConfig), filled as requests are added
+_ORDER: dict[int, list[tuple[str, int]]] = {}
+_OPEN: set[int] = set()
+
+
+@register
+class RowsByRequestId(Patch):
+    """Driver half of F10: the per-request rows from the worker are put back in
+    the order the requests were added, and every request's row count must equal
+    its prompt length (upstream issue #279's silent class becomes an error)."""
+
+    id = "rows-by-request-id"
+    summary = "captured rows reassembled by request id in input order, row counts checked"
+    upstream = "speculators 0.3.0 generator:278-295 slices the capture in input order; engine order differs (F10)"
+    fixes = ("F10",)
+    target = f"{GEN}:MultiprocExecutor"
+    requires = {"speculators": SPEC_03}
+
+    def check(self, module: ModuleType) -> None:
+        g.has_attrs(g.attr(module, "MultiprocExecutor"), "MultiprocExecutor", "collective_rpc")
+        g.has_attrs(g.attr(module, "Scheduler"), "Scheduler", "add_request")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        from ..shims.capture import RowCountError, assemble_in_order, find_payload
+
+        def add_request(wrapped: Any, sched: Any, args: tuple, kwargs: dict) -> Any:
+            req = args[0] if args else kwargs["request"]
+            key = id(sched.vllm_config)
+            if key not in _OPEN:
+                _ORDER[key] = []
+                _OPEN.add(key)
+            _ORDER[key].append((req.request_id, int(req.num_prompt_tokens)))
+            return wrapped(*args, **kwargs)
+
+        def collective_rpc(wrapped: Any, executor: Any, args: tuple, kwargs: dict) -> Any:
+            method = _rpc_method(args, kwargs)
+            key = id(executor.vllm_config)
+            if method == "_reset_capture":
+                _OPEN.discard(key)
+            result = wrapped(*args, **kwargs)
+            if method != "_get_captured_states":
+                return result
+            _OPEN.discard(key)
+            order = _ORDER.pop(key, [])
+            replies = result if isinstance(result, list) else [result]
+            for i, reply in enumerate(replies):
+                payload = find_payload(reply)
+                if payload is not None:
+                    layers = assemble_in_order(payload, order)
+                    if isinstance(result, list):
+                        return [layers if j == i else r for j, r in enumerate(replies)]
+                    return layers
+            if any(r is not None for r in replies) and order:
+                raise RowCountError(
+                    "spec_compat[rows-by-request-id]: the worker returned rows without request ids "
+                    "(is patch capture-per-request disabled?); refusing to slice them in input order"
+                )
+            return result
+
+        bindings.wrap_method(changes, module, "Scheduler", "add_request", add_request)
+        bindings.wrap_method(changes, module, "MultiprocExecutor", "collective_rpc", collective_rpc)

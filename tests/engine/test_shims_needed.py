@@ -12,8 +12,6 @@ import pytest
 import spec_compat
 from spec_compat import REGISTRY
 
-from .conftest import run_selftest
-
 pytestmark = pytest.mark.engine
 
 #: patch id -> the selftest workload that exposes its failure
@@ -45,14 +43,14 @@ def test_every_needed_patch_has_a_proof_case():
     assert not missing, f"patches without a disabled-shim test: {missing}"
 
 
-def test_all_shims_on_passes(llama_dir):
-    proc = run_selftest(llama_dir, "short,chunked-8x2000,batch-43-shared-prefixes,consecutive-calls")
+def test_all_shims_on_passes(llama_dir, selftest):
+    proc = selftest(llama_dir, "short,chunked-8x2000,batch-43-shared-prefixes,consecutive-calls")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "selftest: OK" in proc.stdout
 
 
 @pytest.mark.parametrize("pid", sorted(EXPOSED_BY))
-def test_fails_with_only_this_shim_disabled(llama_dir, pid):
+def test_fails_with_only_this_shim_disabled(llama_dir, selftest, pid):
     if pid not in _needed_here():
         pytest.skip(f"{pid} is not needed in this environment")
     if pid in PLATFORM_ONLY:
@@ -60,18 +58,18 @@ def test_fails_with_only_this_shim_disabled(llama_dir, pid):
 
         if torch.cuda.is_available():
             pytest.skip(PLATFORM_ONLY[pid])
-    proc = run_selftest(llama_dir, EXPOSED_BY[pid], disable=pid)
+    proc = selftest(llama_dir, EXPOSED_BY[pid], disable=pid)
     print(proc.stdout)
     assert proc.returncode != 0, f"selftest passed with {pid} disabled:\n{proc.stdout}"
     assert "FAIL" in proc.stdout
 
 
-def test_f10_is_silent_without_both_halves(llama_dir):
+def test_f10_is_silent_without_both_halves(llama_dir, selftest):
     """Upstream's F10 is silent: without per-request attribution the chunked batch
     yields the right row counts but values of other sequences."""
     if "capture-per-request" not in _needed_here():
         pytest.skip("F10 patches not needed here")
-    proc = run_selftest(llama_dir, "chunked-8x2000", disable="capture-per-request,rows-by-request-id")
+    proc = selftest(llama_dir, "chunked-8x2000", disable="capture-per-request,rows-by-request-id")
     print(proc.stdout)
     line = next(ln for ln in proc.stdout.splitlines() if "chunked-8x2000" in ln)
     assert line.startswith("FAIL") and "max|diff|=" in line, line

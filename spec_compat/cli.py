@@ -10,11 +10,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from . import REGISTRY, SwitchError, __version__, apply, installed_versions
@@ -59,8 +60,24 @@ def report_data() -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send everything written to fd 1 (vLLM logs to stdout) to stderr meanwhile."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def cmd_report(args: argparse.Namespace) -> int:
-    data = report_data()
+    with _stdout_to_stderr():
+        data = report_data()
     bad = [p for p in data["patches"] if p["status"] in (Status.TARGET_CHANGED.value, Status.FAILED.value)]
     if args.json:
         print(json.dumps(data, indent=2))

@@ -58,6 +58,18 @@ CELLS: dict[str, Cell] = {
             exclude=("torch", "torchvision", "torchaudio", "deepspeed", "vllm", "triton"),
             in_ci=True,
         ),
+        Cell(
+            name="spec0.4.0.1-vllm0.16.0",
+            speculators="0.4.0.1",
+            vllm="0.16.0",
+            pins=("torch==2.10.0", "torchvision==0.25.0", "torchaudio==2.10.0", "transformers<5"),
+        ),
+        Cell(
+            name="spec0.4.0.1-vllm0.15.1",
+            speculators="0.4.0.1",
+            vllm="0.15.1",
+            pins=("torch==2.10.0", "torchvision==0.25.0", "torchaudio==2.10.0", "transformers<5"),
+        ),
     )
 }
 

@@ -100,7 +100,7 @@ def patch_table() -> str:
     """Markdown table of every registered patch (kept in README.md by a test)."""
     rows = ["| id | fixes | needed when | side | what it does |", "|---|---|---|---|---|"]
     for p in REGISTRY.patches():
-        ranges = ", ".join(f"{d} `{s}`" for d, s in p.requires.items()) or "always"
+        ranges = " or ".join(", ".join(f"{d} `{s}`" for d, s in c.items()) for c in p.alternatives()) or "always"
         rows.append(f"| `{p.id}` | {', '.join(p.fixes)} | {ranges} | {p.side} | {p.summary} |")
     return "\n".join(rows)
 
@@ -110,7 +110,7 @@ def cmd_patches(args: argparse.Namespace) -> int:
         print(patch_table())
         return 0
     for p in REGISTRY.patches():
-        ranges = ", ".join(f"{d}{s}" for d, s in p.requires.items()) or "always"
+        ranges = " or ".join(", ".join(f"{d}{s}" for d, s in c.items()) for c in p.alternatives()) or "always"
         print(f"{p.id}  [{', '.join(p.fixes)}]  {ranges}  ({p.side})")
         print(f"    {p.summary}")
         print(f"    answers: {p.upstream}")

@@ -123,8 +123,11 @@ class Patch:
     upstream: ClassVar[str]
     #: ``"package.module:attribute"``
     target: ClassVar[str]
-    #: distribution -> version specifier where the patch is needed (all must hold)
-    requires: ClassVar[Mapping[str, str]] = {}
+    #: distribution -> version specifier where the patch is needed (all must hold);
+    #: a tuple of such mappings means "any of these combinations"
+    requires: ClassVar[Mapping[str, str] | tuple[Mapping[str, str], ...]] = {}
+    #: ids of patches made unnecessary while this one is applied (same failure, better fix)
+    supersedes: ClassVar[tuple[str, ...]] = ()
     #: failure-catalog ids this patch answers (BRIEF §3)
     fixes: ClassVar[tuple[str, ...]] = ()
     #: where the shim acts: "driver" (the process running speculators), "worker"
@@ -140,10 +143,25 @@ class Patch:
         parts = self.target.split(":", 1)
         return parts[1] if len(parts) == 2 else None
 
+    @classmethod
+    def alternatives(cls) -> tuple[Mapping[str, str], ...]:
+        """The declared ranges as a tuple of alternative combinations."""
+        return cls.requires if isinstance(cls.requires, tuple) else (cls.requires,)
+
     def needed(self, versions: Mapping[str, str | None] | None = None) -> tuple[bool, str]:
-        """Whether installed versions fall inside every declared range, and why."""
+        """Whether installed versions fall inside the declared ranges, and why."""
+        reasons = []
+        for combo in self.alternatives():
+            ok, why = self._within(combo, versions)
+            if ok:
+                return True, why
+            reasons.append(why)
+        return False, " and ".join(dict.fromkeys(reasons))
+
+    @staticmethod
+    def _within(combo: Mapping[str, str], versions: Mapping[str, str | None] | None) -> tuple[bool, str]:
         why = []
-        for dist, spec in self.requires.items():
+        for dist, spec in combo.items():
             version = installed_version(dist) if versions is None else versions.get(dist)
             verdict = in_range(version, spec)
             if version is None:
@@ -181,10 +199,11 @@ class Registry:
         for attr in ("summary", "upstream", "target"):
             if not getattr(cls, attr, None):
                 raise ValueError(f"patch {pid}: missing {attr}")
-        for dist, spec in cls.requires.items():
-            from ._versions import parse_spec
+        from ._versions import parse_spec
 
-            parse_spec(spec)
+        for combo in cls.alternatives():
+            for spec in combo.values():
+                parse_spec(spec)
         self._patches[pid] = cls()
         return cls
 
@@ -210,6 +229,11 @@ class Registry:
                 needed, why = patch.needed()
                 if not needed:
                     self._set(patch, Status.NOT_NEEDED, why)
+                    continue
+                by = [o.id for o in self._patches.values()
+                      if patch.id in o.supersedes and o.id not in disabled and o.needed()[0]]
+                if by:
+                    self._set(patch, Status.NOT_NEEDED, f"superseded by {', '.join(by)} ({why})")
                     continue
                 mod = sys.modules.get(patch.target_module)
                 if mod is not None:

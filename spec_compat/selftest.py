@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -119,6 +120,7 @@ def run_checks(model_dir: str, max_model_len: int = 2048, seed: int = 0,
                 detail = f"max|diff|={worst:.2e}, {tokens} tokens, {time.perf_counter() - t:.1f}s" if ok else detail
             except Exception as exc:  # a failing shim shows up as a failing check
                 ok, detail = False, f"{type(exc).__name__}: {exc}"
+                traceback.print_exc()
             yield Check(name, ok, detail)
     finally:
         del gen
@@ -139,6 +141,7 @@ def main(model: str | None, only: Sequence[str] | None = None, seed: int = 0) ->
             print(check.line(), flush=True)
             failed += not check.ok
     except Exception as exc:
+        traceback.print_exc()
         print(f"FAIL engine-start: {type(exc).__name__}: {exc}", flush=True)
         failed += 1
     print(f"selftest: {'FAILED' if failed else 'OK'} ({failed} failed)", flush=True)

@@ -1,4 +1,4 @@
 """Registered patches.  Importing this package registers every patch; it imports
 no target (targets are reached lazily through post-import hooks)."""
 
-from . import extraction, platform  # noqa: F401
+from . import generator, platform, worker  # noqa: F401

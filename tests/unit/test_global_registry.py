@@ -41,17 +41,18 @@ def test_patch_declaration(patch: Patch):
     lines = [ln for ln in inspect.cleandoc(doc).splitlines()]
     assert 1 <= len(lines) <= MAX_DOC_LINES, f"{patch.id}: docstring has {len(lines)} lines"
 
-    assert patch.requires, f"{patch.id} declares no version range"
-    for dist, spec in patch.requires.items():
-        assert dist in _versions.TRACKED, dist
-        specset = _versions.parse_spec(spec)
-        assert str(specset), spec
-        # the range is decidable for a plain release
-        assert _versions.in_range("0.0.1", spec) in (True, False)
+    assert patch.alternatives() and all(patch.alternatives()), f"{patch.id} declares no version range"
+    for combo in patch.alternatives():
+        for dist, spec in combo.items():
+            assert dist in _versions.TRACKED, dist
+            specset = _versions.parse_spec(spec)
+            assert str(specset), spec
+            # the range is decidable for a plain release
+            assert _versions.in_range("0.0.1", spec) in (True, False)
 
 
 @pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.id)
 def test_patch_needed_is_decidable_for_any_versions(patch: Patch):
-    none_installed = {d: None for d in patch.requires}
+    none_installed = {d: None for c in patch.alternatives() for d in c}
     needed, why = patch.needed(none_installed)
     assert needed is False and "not installed" in why

@@ -1,10 +1,8 @@
-"""Patches that make speculators 0.3.x hidden-state extraction run on newer vLLM.
+"""Driver-side patches: speculators' hidden-state generator on newer vLLM.
 
-Driver-side patches act on names that ``vllm_hidden_states_generator`` bound at
-import (see :mod:`spec_compat.bindings`), so vLLM itself stays untouched for
-every other caller in the process.  Worker-side patches act on
-``custom_worker`` inside vLLM's spawned workers, reached through the
-``vllm.general_plugins`` entry point.
+They act on names that ``vllm_hidden_states_generator`` bound at import (see
+:mod:`spec_compat.bindings`), so vLLM itself stays untouched for every other
+caller in the process.  Worker-side patches live in :mod:`.worker`.
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ from ..registry import Changes, Patch, TargetChanged, register
 from . import _guards as g
 
 GEN = "speculators.data_generation.vllm_hidden_states_generator"
-CW = "speculators.data_generation.custom_worker"
 SPEC_03 = ">=0.3,<0.4"
 
 
@@ -268,102 +265,6 @@ class TwoPhaseStep(Patch):
         bindings.wrap_method(changes, module, "MultiprocExecutor", "execute_model", execute_model)
 
 
-@register
-class WorkerForwardEmbedInputIds(Patch):
-    """vLLM 0.11.1 renamed the base model's ``get_input_embeddings`` to
-    ``embed_input_ids`` and gave ``forward`` extra layer kwargs; speculators'
-    replacement forward (custom_worker:30) raises AttributeError in the worker."""
-
-    id = "worker-forward-embed-input-ids"
-    summary = "the capture forward bound onto the base model uses embed_input_ids and passes layer kwargs"
-    upstream = "vLLM 0.11.1 model_executor/models/*: get_input_embeddings -> embed_input_ids (custom_worker:30)"
-    fixes = ("F5",)
-    target = f"{CW}:_patched_forward"
-    requires = {"speculators": SPEC_03, "vllm": ">=0.11.1"}
-    side = "worker"
-
-    def check(self, module: ModuleType) -> None:
-        fn = g.attr(module, "_patched_forward")
-        g.has_params(fn, "custom_worker._patched_forward", "self", "input_ids", "positions")
-        g.has_attrs(g.attr(module, "HiddenStatesWorkerExtension"), "HiddenStatesWorkerExtension",
-                    "_setup_hidden_states_capture", "_store_captured_states")
-
-    def install(self, module: ModuleType, changes: Changes) -> None:
-        from ..shims.capture import capture_forward
-
-        changes.setattr(module, "_patched_forward", capture_forward)
-
-
-@register
-class CapturePerRequest(Patch):
-    """speculators 0.3.0 concatenates every forward's rows and the driver slices
-    them in input order (generator:278), but the engine runs requests in its own
-    order (chunked prompts continue after new ones): rows silently belong to other
-    sequences.  The worker now keys captured rows by request id."""
-
-    id = "capture-per-request"
-    summary = "worker keys captured rows by request id (input_batch.req_ids x num_scheduled_tokens)"
-    upstream = "speculators 0.3.0 custom_worker:88 one list per layer, no request ids; engine reorders (F10)"
-    fixes = ("F10",)
-    target = f"{CW}:HiddenStatesWorkerExtension"
-    requires = {"speculators": SPEC_03}
-    side = "worker"
-
-    _METHODS = ("_setup_hidden_states_capture", "_store_captured_states", "_reset_capture", "_get_captured_states")
-
-    def check(self, module: ModuleType) -> None:
-        g.has_attrs(g.attr(module, "HiddenStatesWorkerExtension"), "HiddenStatesWorkerExtension", *self._METHODS)
-
-    def install(self, module: ModuleType, changes: Changes) -> None:
-        from ..shims.capture import BY_REQUEST, PerRequestStore
-
-        ext = module.HiddenStatesWorkerExtension
-        orig_setup = ext._setup_hidden_states_capture
-        orig_reset = ext._reset_capture
-
-        def _setup_hidden_states_capture(self: Any, layer_ids: list[int]) -> Any:
-            out = orig_setup(self, layer_ids)
-            self._spec_compat_store = PerRequestStore()
-            runner = self.model_runner
-            if not getattr(runner.execute_model, "_spec_compat_step", False):
-                run = runner.execute_model
-
-                def execute_model(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-                    store = getattr(self, "_spec_compat_store", None)
-                    if store is not None:
-                        store.begin_step(scheduler_output.num_scheduled_tokens)
-                    try:
-                        return run(scheduler_output, *args, **kwargs)
-                    finally:
-                        if store is not None:
-                            store.end_step()
-
-                execute_model._spec_compat_step = True  # type: ignore[attr-defined]
-                runner.execute_model = execute_model
-            return out
-
-        def _store_captured_states(self: Any, aux_hidden_states: list[Any]) -> None:
-            batch = self.model_runner.input_batch
-            self._spec_compat_store.store(aux_hidden_states, batch.req_ids[: batch.num_reqs])
-
-        def _reset_capture(self: Any) -> Any:
-            out = orig_reset(self)
-            self._spec_compat_store = PerRequestStore()
-            return out
-
-        def _get_captured_states(self: Any) -> Any:
-            self._captured_states = None
-            store = getattr(self, "_spec_compat_store", None)
-            got = store.collect() if store is not None else None
-            return None if got is None else {BY_REQUEST: got}
-
-        for name, fn in (("_setup_hidden_states_capture", _setup_hidden_states_capture),
-                         ("_store_captured_states", _store_captured_states),
-                         ("_reset_capture", _reset_capture),
-                         ("_get_captured_states", _get_captured_states)):
-            changes.setattr(ext, name, fn)
-
-
 # request order per generator (keyed by its VllmConfig), filled as requests are added
 _ORDER: dict[int, list[tuple[str, int]]] = {}
 _OPEN: set[int] = set()
@@ -425,3 +326,175 @@ class RowsByRequestId(Patch):
 
         bindings.wrap_method(changes, module, "Scheduler", "add_request", add_request)
         bindings.wrap_method(changes, module, "MultiprocExecutor", "collective_rpc", collective_rpc)
+
+
+def _generator_source(module: ModuleType) -> str:
+    import inspect
+
+    try:
+        return inspect.getsource(g.attr(module, "VllmHiddenStatesGenerator"))
+    except (OSError, TypeError) as exc:
+        raise TargetChanged(f"cannot read VllmHiddenStatesGenerator's source: {exc}") from None
+
+
+@register
+class TokenizerTrustRemoteCode(Patch):
+    """speculators (generator:84) loads the tokenizer without ``trust_remote_code``
+    while it loads the same model's config and vLLM ModelConfig WITH it; Kimi-K2.5's
+    tokenizer is remote code (tiktoken) -> ValueError before the engine starts."""
+
+    id = "tokenizer-trust-remote-code"
+    summary = ("tokenizer loaded with trust_remote_code=True, only because speculators already "
+               "trusts the same model path for AutoConfig and ModelConfig")
+    upstream = "speculators 0.3.0-0.4.x generator:84 AutoTokenizer.from_pretrained(path) -> remote-code tokenizer fails"
+    fixes = ("K1",)
+    target = f"{GEN}:AutoTokenizer"
+    requires = {"speculators": ">=0.3,<0.5"}
+
+    def check(self, module: ModuleType) -> None:
+        src = " ".join(_generator_source(module).split())
+        needed = ("AutoConfig.from_pretrained(model_path, trust_remote_code=True)",
+                  "AutoTokenizer.from_pretrained(model_path)")
+        missing = [s for s in needed if s not in src]
+        if missing or src.count("trust_remote_code=True") < 2:
+            raise TargetChanged(
+                "the generator no longer loads the tokenizer bare next to a trusted AutoConfig/ModelConfig "
+                f"of the same path ({'; '.join(missing) or 'ModelConfig trust_remote_code missing'})"
+            )
+        g.has_attrs(g.attr(module, "AutoTokenizer"), "AutoTokenizer", "from_pretrained")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        import logging
+
+        original = module.AutoTokenizer
+        log = logging.getLogger("spec_compat")
+
+        class AutoTokenizer:
+            """speculators' AutoTokenizer: same trust as its config loading of the same path."""
+
+            @staticmethod
+            def from_pretrained(path: Any, *args: Any, **kwargs: Any) -> Any:
+                if "trust_remote_code" not in kwargs:
+                    log.info("spec_compat[%s]: tokenizer of %s loaded with trust_remote_code=True, as "
+                             "speculators loads its config", TokenizerTrustRemoteCode.id, path)
+                    kwargs["trust_remote_code"] = True
+                return original.from_pretrained(path, *args, **kwargs)
+
+            def __getattr__(self, name: str) -> Any:  # pragma: no cover - class-level use only
+                return getattr(original, name)
+
+        changes.setattr(module, "AutoTokenizer", AutoTokenizer)
+
+
+SPEC_04 = ">=0.4,<0.5"
+
+
+@register
+class MemGetInfoFromPlatform(Patch):
+    """speculators 0.4.x (utils/util.py mem_get_info) returns (0, 0) when torch sees
+    no accelerator: the generator then sizes a zero-block KV cache (CPU engines).
+    With an accelerator nothing changes."""
+
+    id = "mem-get-info-from-platform"
+    summary = "KV cache budget from the vLLM platform when torch sees no accelerator (0.4.x; else unchanged)"
+    upstream = "speculators 0.4.x utils/util.py mem_get_info -> (0, 0) without an accelerator -> no KV blocks"
+    fixes = ("F2",)
+    target = f"{GEN}:mem_get_info"
+    requires = {"speculators": SPEC_04}
+
+    def check(self, module: ModuleType) -> None:
+        if not callable(g.attr(module, "mem_get_info")):
+            raise TargetChanged(f"{GEN}.mem_get_info is not callable")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        from ..shims.memory import platform_mem_get_info
+
+        original = module.mem_get_info
+
+        def mem_get_info() -> tuple[int, int]:
+            import torch
+
+            acc = torch.accelerator.current_accelerator()
+            # a CUDA build of torch on a machine without a GPU still names "cuda"
+            if acc is None or (acc.type == "cuda" and not torch.cuda.is_available()):
+                return platform_mem_get_info()
+            return original()
+
+        changes.setattr(module, "mem_get_info", mem_get_info)
+
+
+def _generate_params(module: ModuleType) -> None:
+    g.has_params(g.attr(module, "VllmHiddenStatesGenerator").generate, "VllmHiddenStatesGenerator.generate",
+                 "self", "token_ids")
+
+
+@register
+class ResultsInInputOrder(Patch):
+    """speculators 0.4.x returns ``generate`` results in text-sorted request-id order
+    (req_N_0, req_N_1, req_N_10, ...): from 11 sequences on, ``results[j]`` is not
+    input j, and its stock script pairs loss masks by position - silently."""
+
+    id = "results-in-input-order"
+    summary = "generate() results put back in input order (text-sorted request ids undone), checked by input_ids"
+    upstream = "speculators 0.4.0.1 generator:335 sorted(request_id_to_idx) -> results out of input order for >=11"
+    fixes = ("G1",)
+    target = f"{GEN}:VllmHiddenStatesGenerator"
+    requires = {"speculators": SPEC_04}
+
+    def check(self, module: ModuleType) -> None:
+        _generate_params(module)
+        if "sorted(request_id_to_idx" not in _generator_source(module):
+            raise TargetChanged("generate() no longer iterates sorted(request_id_to_idx)")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        from ..shims.batching import restore_input_order
+
+        cls = module.VllmHiddenStatesGenerator
+        inner = cls.generate
+
+        def generate(self: Any, token_ids: Any) -> list[dict]:
+            return restore_input_order(inner(self, token_ids), token_ids,
+                                       self.vllm_config.model_config.max_model_len - 1)
+
+        changes.setattr(cls, "generate", generate)
+
+
+@register
+class GenerateInFittingBatches(Patch):
+    """speculators 0.4.x keeps every request of a call alive until its loop ends:
+    more sequences than ``max_num_seqs`` (32) raise 'req_0_32 not found in captured
+    states', and a call over the KV budget raises as well."""
+
+    id = "generate-in-fitting-batches"
+    summary = "generate() splits a call into sub-calls within max_num_seqs and the KV-cache budget"
+    upstream = "speculators 0.4.0.1 generator:279 loop keeps all requests alive -> >32 sequences or over-budget raises"
+    fixes = ("G2",)
+    target = f"{GEN}:VllmHiddenStatesGenerator"
+    requires = {"speculators": SPEC_04}
+
+    def check(self, module: ModuleType) -> None:
+        _generate_params(module)
+        if "all_prefill_complete" not in _generator_source(module):
+            raise TargetChanged("generate() no longer runs the all_prefill_complete loop")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        from ..shims.batching import split_to_fit
+
+        cls = module.VllmHiddenStatesGenerator
+        inner = cls.generate
+
+        def generate(self: Any, token_ids: Any) -> list[dict]:
+            cfg = self.vllm_config
+            batches = split_to_fit(
+                token_ids,
+                max_seqs=cfg.scheduler_config.max_num_seqs,
+                num_blocks=cfg.cache_config.num_gpu_blocks,
+                block_size=cfg.cache_config.block_size,
+                max_len=cfg.model_config.max_model_len - 1,
+            )
+            results: list[dict] = []
+            for batch in batches:
+                results.extend(inner(self, batch))
+            return results
+
+        changes.setattr(cls, "generate", generate)

@@ -1,0 +1,200 @@
+"""Worker-side patches: speculators' ``HiddenStatesWorkerExtension`` inside vLLM's
+spawned workers, reached through the ``vllm.general_plugins`` entry point.
+
+Registration order is installation order: the patch that replaces
+``_setup_hidden_states_capture`` (decoder-stack-locator) comes before those
+that wrap it (capture-layer-hooks, capture-per-request).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from ..registry import Changes, Patch, register
+from . import _guards as g
+
+CW = "speculators.data_generation.custom_worker"
+SPEC_03 = ">=0.3,<0.4"
+
+
+@register
+class WorkerForwardEmbedInputIds(Patch):
+    """vLLM 0.11.1 renamed the base model's ``get_input_embeddings`` to
+    ``embed_input_ids`` and gave ``forward`` extra layer kwargs; speculators'
+    replacement forward (custom_worker:30) raises AttributeError in the worker."""
+
+    id = "worker-forward-embed-input-ids"
+    summary = "the capture forward bound onto the base model uses embed_input_ids and passes layer kwargs"
+    upstream = "vLLM 0.11.1 model_executor/models/*: get_input_embeddings -> embed_input_ids (custom_worker:30)"
+    fixes = ("F5",)
+    target = f"{CW}:_patched_forward"
+    requires = {"speculators": SPEC_03, "vllm": ">=0.11.1"}
+    side = "worker"
+
+    def check(self, module: ModuleType) -> None:
+        fn = g.attr(module, "_patched_forward")
+        g.has_params(fn, "custom_worker._patched_forward", "self", "input_ids", "positions")
+        g.has_attrs(g.attr(module, "HiddenStatesWorkerExtension"), "HiddenStatesWorkerExtension",
+                    "_setup_hidden_states_capture", "_store_captured_states")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        from ..shims.capture import capture_forward
+
+        changes.setattr(module, "_patched_forward", capture_forward)
+
+
+@register
+class DecoderStackLocator(Patch):
+    """speculators 0.3.0 (custom_worker:102-107) requires SupportsEagle3 and takes
+    ``model.model``; 0.4.x takes ``get_language_model().model``.  Kimi-K2.5 and
+    DeepSeek-V3 declare no SupportsEagle3 before vLLM 0.18, and Kimi's stack is
+    ``language_model.layers`` on vLLM 0.15 -> 'does not support' / AttributeError."""
+
+    id = "decoder-stack-locator"
+    summary = "capture set up on the decoder stack of any wrapper (get_language_model, then .model if it holds .layers)"
+    upstream = "speculators 0.3.0 custom_worker:102 supports_eagle3 gate + model.model; 0.4.x get_language_model().model"
+    fixes = ("K2",)
+    target = f"{CW}:HiddenStatesWorkerExtension"
+    requires = ({"speculators": SPEC_03}, {"speculators": ">=0.4,<0.5", "vllm": "<0.16"})
+    side = "worker"
+
+    def check(self, module: ModuleType) -> None:
+        g.has_attrs(g.attr(module, "HiddenStatesWorkerExtension"), "HiddenStatesWorkerExtension",
+                    "_setup_hidden_states_capture", "_store_captured_states")
+        g.has_params(g.attr(module, "_patched_forward"), "custom_worker._patched_forward", "self", "input_ids")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        import logging
+        import types
+
+        from ..shims.decoder import find_decoder_stack
+
+        log = logging.getLogger("spec_compat")
+
+        def _setup_hidden_states_capture(self: Any, layer_ids: list[int]) -> None:
+            self._layer_ids = frozenset(layer_ids)
+            self._captured_states = None
+            stack = find_decoder_stack(self.model_runner.model)
+            stack._extension = self
+            # the module global is looked up now: a patched _patched_forward is used
+            stack.forward = types.MethodType(module._patched_forward, stack)
+            log.info("spec_compat: capture set up on %s for layers %s", type(stack).__name__, sorted(layer_ids))
+
+        changes.setattr(module.HiddenStatesWorkerExtension, "_setup_hidden_states_capture",
+                        _setup_hidden_states_capture)
+
+
+@register
+class CaptureLayerHooks(Patch):
+    """speculators replaces the base model's ``forward`` (custom_worker:17) and calls
+    each layer by keyword: since vLLM 0.12 DeepSeek layers take ``llama_4_scaling``,
+    computed in the model's own forward, and the replacement silently drops it.
+    Forward hooks on the chosen layers keep the model's forward intact."""
+
+    id = "capture-layer-hooks"
+    summary = "capture through forward hooks on the chosen layers; the model's own forward stays in place"
+    upstream = "vLLM 0.12 deepseek_v2.py layer(positions, hidden, residual, llama_4_scaling); custom_worker:44 drops it"
+    fixes = ("K3",)
+    target = f"{CW}:HiddenStatesWorkerExtension"
+    requires = {"speculators": ">=0.3,<0.5", "vllm": ">=0.12"}
+    supersedes = ("worker-forward-embed-input-ids",)
+    side = "worker"
+
+    def check(self, module: ModuleType) -> None:
+        g.has_attrs(g.attr(module, "HiddenStatesWorkerExtension"), "HiddenStatesWorkerExtension",
+                    "_setup_hidden_states_capture", "_store_captured_states")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        from ..shims.decoder import hook_layers
+
+        ext = module.HiddenStatesWorkerExtension
+        inner = ext._setup_hidden_states_capture
+
+        def _setup_hidden_states_capture(self: Any, layer_ids: list[int]) -> Any:
+            from vllm.distributed import get_tp_group
+
+            out = inner(self, layer_ids)
+            stacks = [m for m in self.model_runner.model.modules() if m.__dict__.get("_extension") is self]
+            if len(stacks) != 1:
+                raise RuntimeError(f"spec_compat[capture-layer-hooks]: expected one capture target, found {len(stacks)}")
+            stack = stacks[0]
+            stack.__dict__.pop("forward", None)  # the model's own forward again
+            for handle in getattr(self, "_spec_compat_hooks", ()):
+                handle.remove()
+            self._spec_compat_hooks = (
+                hook_layers(self, stack, layer_ids) if get_tp_group().rank_in_group == 0 else []
+            )
+            return out
+
+        changes.setattr(ext, "_setup_hidden_states_capture", _setup_hidden_states_capture)
+
+
+@register
+class CapturePerRequest(Patch):
+    """speculators 0.3.0 concatenates every forward's rows and the driver slices
+    them in input order (generator:278), but the engine runs requests in its own
+    order (chunked prompts continue after new ones): rows silently belong to other
+    sequences.  The worker now keys captured rows by request id."""
+
+    id = "capture-per-request"
+    summary = "worker keys captured rows by request id (input_batch.req_ids x num_scheduled_tokens)"
+    upstream = "speculators 0.3.0 custom_worker:88 one list per layer, no request ids; engine reorders (F10)"
+    fixes = ("F10",)
+    target = f"{CW}:HiddenStatesWorkerExtension"
+    requires = {"speculators": SPEC_03}
+    side = "worker"
+
+    _METHODS = ("_setup_hidden_states_capture", "_store_captured_states", "_reset_capture", "_get_captured_states")
+
+    def check(self, module: ModuleType) -> None:
+        g.has_attrs(g.attr(module, "HiddenStatesWorkerExtension"), "HiddenStatesWorkerExtension", *self._METHODS)
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        from ..shims.capture import BY_REQUEST, PerRequestStore
+
+        ext = module.HiddenStatesWorkerExtension
+        orig_setup = ext._setup_hidden_states_capture
+        orig_reset = ext._reset_capture
+
+        def _setup_hidden_states_capture(self: Any, layer_ids: list[int]) -> Any:
+            out = orig_setup(self, layer_ids)
+            self._spec_compat_store = PerRequestStore()
+            runner = self.model_runner
+            if not getattr(runner.execute_model, "_spec_compat_step", False):
+                run = runner.execute_model
+
+                def execute_model(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+                    store = getattr(self, "_spec_compat_store", None)
+                    if store is not None:
+                        store.begin_step(scheduler_output.num_scheduled_tokens)
+                    try:
+                        return run(scheduler_output, *args, **kwargs)
+                    finally:
+                        if store is not None:
+                            store.end_step()
+
+                execute_model._spec_compat_step = True  # type: ignore[attr-defined]
+                runner.execute_model = execute_model
+            return out
+
+        def _store_captured_states(self: Any, aux_hidden_states: list[Any]) -> None:
+            batch = self.model_runner.input_batch
+            self._spec_compat_store.store(aux_hidden_states, batch.req_ids[: batch.num_reqs])
+
+        def _reset_capture(self: Any) -> Any:
+            out = orig_reset(self)
+            self._spec_compat_store = PerRequestStore()
+            return out
+
+        def _get_captured_states(self: Any) -> Any:
+            self._captured_states = None
+            store = getattr(self, "_spec_compat_store", None)
+            got = store.collect() if store is not None else None
+            return None if got is None else {BY_REQUEST: got}
+
+        for name, fn in (("_setup_hidden_states_capture", _setup_hidden_states_capture),
+                         ("_store_captured_states", _store_captured_states),
+                         ("_reset_capture", _reset_capture),
+                         ("_get_captured_states", _get_captured_states)):
+            changes.setattr(ext, name, fn)

@@ -52,11 +52,21 @@ def report_data() -> dict[str, Any]:
     REGISTRY.resolve_pending(
         [m for m in EXTRACTION_MODULES if any(p.target_module == m for p in REGISTRY.patches())]
     )
+    plat = _platform_info()
+    notes = []
+    if plat.get("vllm_platform") == "cpu":
+        notes.append(
+            "vLLM's CPU platform has no MLA attention backend: MLA models (DeepSeek-V2/V3, Kimi-K2.5) run "
+            "with VLLM_MLA_DISABLE=1 (same model class, non-MLA attention path; head size "
+            "qk_nope_head_dim + qk_rope_head_dim must be one the CPU backend supports); "
+            f"VLLM_MLA_DISABLE is {os.environ.get('VLLM_MLA_DISABLE', 'unset')} here"
+        )
     return {
         "spec_compat": __version__,
         "versions": installed_versions(),
-        "platform": _platform_info(),
+        "platform": plat,
         "patches": [r.as_dict() for r in REGISTRY.records()],
+        "notes": notes,
     }
 
 
@@ -93,6 +103,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         for p in data["patches"]:
             print(f"{p['id']:<{width}}  {p['status']:<14}  {p['target']}")
             print(f"{'':<{width}}  {'':<14}  {p['reason']}")
+        for note in data["notes"]:
+            print(f"\nnote: {note}")
     return 1 if (args.strict and bad) else 0
 
 
@@ -180,7 +192,7 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_selftest)
 
     f = sub.add_parser("fixture", help="write a deterministic tiny checkpoint")
-    f.add_argument("name", help="fixture name: llama")
+    f.add_argument("name", help="fixture name: llama, kimi-k25")
     f.add_argument("out_dir")
     f.add_argument("--seed", type=int, default=0)
     f.set_defaults(func=cmd_fixture)

@@ -3,19 +3,65 @@
 Captures, for each requested layer i, the OUTPUT of decoder layer i (hidden
 states including the residual, before the final norm) - the quantity
 speculators 0.3.0 stores - through forward hooks.
+
+Kimi-K2.5 checkpoints (``model_type: kimi_k25``; transformers has no such model) are
+referenced by their text model alone: a transformers ``DeepseekV3ForCausalLM`` built from
+``text_config`` and loaded with the ``language_model.*`` weights, prefix stripped (the vision
+tower and projector are not used by text-only prompts).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+KIMI_TEXT_PREFIX = "language_model."
 
 
 def load_reference_model(model_dir: str, dtype: str = "float32") -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
+    config = _read_config(model_dir)
+    if config.get("model_type") == "kimi_k25":
+        return _load_kimi_text_model(model_dir, config, getattr(torch, dtype))
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=getattr(torch, dtype))
+    model.eval()
+    return model
+
+
+def _read_config(model_dir: str) -> dict[str, Any]:
+    path = Path(model_dir) / "config.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _safetensors_files(model_dir: str) -> list[Path]:
+    root = Path(model_dir)
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        return [root / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    return sorted(root.glob("*.safetensors"))
+
+
+def _load_kimi_text_model(model_dir: str, config: dict[str, Any], dtype: Any) -> Any:
+    from safetensors.torch import load_file
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    text_config = DeepseekV3Config(**config["text_config"])
+    text_config._attn_implementation = "eager"
+    model = DeepseekV3ForCausalLM(text_config)
+    state: dict[str, Any] = {}
+    for path in _safetensors_files(model_dir):
+        for name, tensor in load_file(str(path)).items():
+            if name.startswith(KIMI_TEXT_PREFIX):
+                state[name[len(KIMI_TEXT_PREFIX):]] = tensor
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{model_dir}: text weights do not match DeepseekV3ForCausalLM: "
+                         f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+    model.to(dtype)
     model.eval()
     return model
 

@@ -77,6 +77,17 @@ def compare(results: Sequence[dict], calls: Sequence[Sequence[int]], layer_ids: 
     return worst <= TOLERANCE, worst, f"max|diff|={worst:.2e} over {len(calls)} sequences"
 
 
+def prefer_non_mla(text_cfg: Any) -> None:
+    """vLLM's CPU platform has no MLA backend: MLA models run with VLLM_MLA_DISABLE=1."""
+    import os
+
+    import torch
+
+    if getattr(text_cfg, "kv_lora_rank", None) and not torch.cuda.is_available():
+        if os.environ.setdefault("VLLM_MLA_DISABLE", "1") == "1":
+            log.info("spec_compat selftest: MLA model on a machine without CUDA: VLLM_MLA_DISABLE=1")
+
+
 def run_checks(model_dir: str, max_model_len: int = 2048, seed: int = 0,
                only: Sequence[str] | None = None) -> Iterator[Check]:
     import spec_compat  # noqa: F401  (registry applied before speculators is imported)
@@ -86,8 +97,9 @@ def run_checks(model_dir: str, max_model_len: int = 2048, seed: int = 0,
     from .reference import load_reference_model, reference_states
     from .testing import pinned_dtype
 
-    cfg = AutoConfig.from_pretrained(model_dir)
+    cfg = AutoConfig.from_pretrained(model_dir, trust_remote_code=True)
     text_cfg = getattr(cfg, "text_config", cfg)
+    prefer_non_mla(text_cfg)
     n_layers = text_cfg.num_hidden_layers
     layer_ids = list(range(n_layers))
     t0 = time.perf_counter()

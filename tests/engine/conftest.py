@@ -36,12 +36,25 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def llama_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("fixtures") / "llama"
-    # built in a subprocess, as a user would: the CLI command of the README
-    subprocess.run([sys.executable, "-m", "spec_compat", "fixture", "llama", str(out)], check=True,
-                   stdout=subprocess.DEVNULL)
-    return out
+def fixture_dir(tmp_path_factory):
+    """``fixture_dir(name)``: a checkpoint built once per session by the CLI, as a user would."""
+    root = tmp_path_factory.mktemp("fixtures")
+    built: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in built:
+            out = root / name
+            subprocess.run([sys.executable, "-m", "spec_compat", "fixture", *name.split("+"), str(out)],
+                           check=True, stdout=subprocess.DEVNULL)
+            built[name] = out
+        return built[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def llama_dir(fixture_dir) -> Path:
+    return fixture_dir("llama")
 
 
 @pytest.fixture(scope="session")

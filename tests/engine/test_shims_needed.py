@@ -9,26 +9,33 @@ from __future__ import annotations
 
 import pytest
 
-import spec_compat
 from spec_compat import REGISTRY
 
 pytestmark = pytest.mark.engine
 
-#: patch id -> the selftest workload that exposes its failure
+#: patch id -> (fixture, selftest workloads) that expose its failure
 EXPOSED_BY = {
-    "scheduler-config-init-vars": "short",
-    "async-scheduling-off": "short",  # the synchronous-loop check
-    "kv-cache-memory-from-platform": "short",
-    "kv-cache-config-signature": "short",
-    "scheduler-block-size": "short",
-    "keep-unfinished-prefill": "chunked-8x2000",
-    "prefix-caching-off": "batch-43-shared-prefixes",
-    "collective-rpc-single-reply": "short",
-    "two-phase-step": "consecutive-calls",
-    "worker-forward-embed-input-ids": "short",
-    "capture-per-request": "short",
-    "rows-by-request-id": "short",
+    "scheduler-config-init-vars": ("llama", "short"),
+    "async-scheduling-off": ("llama", "short"),  # the synchronous-loop check
+    "kv-cache-memory-from-platform": ("llama", "short"),
+    "kv-cache-config-signature": ("llama", "short"),
+    "scheduler-block-size": ("llama", "short"),
+    "keep-unfinished-prefill": ("llama", "chunked-8x2000"),
+    "prefix-caching-off": ("llama", "batch-43-shared-prefixes"),
+    "collective-rpc-single-reply": ("llama", "short"),
+    "two-phase-step": ("llama", "consecutive-calls"),
+    "rows-by-request-id": ("llama", "short"),
+    "worker-forward-embed-input-ids": ("llama", "short"),
+    "capture-per-request": ("llama", "short"),
+    "mem-get-info-from-platform": ("llama", "short"),
+    "results-in-input-order": ("llama", "batch-43-shared-prefixes"),
+    "generate-in-fitting-batches": ("llama", "batch-43-shared-prefixes"),
+    "tokenizer-trust-remote-code": ("kimi-k25", "short"),
+    "decoder-stack-locator": ("kimi-k25", "short"),
+    "capture-layer-hooks": ("kimi-k25+--llama-4-scaling", "many-blocks"),
 }
+#: patches that only fail once the patch superseding them is off too
+ALSO_DISABLE = {"worker-forward-embed-input-ids": "capture-layer-hooks"}
 #: patches whose failure only shows on some platforms: id -> (platform where it shows, why)
 PLATFORM_ONLY = {
     "kv-cache-memory-from-platform": ("cpu", "needs a machine without CUDA"),
@@ -44,9 +51,12 @@ def _platform() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _needed_here() -> list[str]:
-    spec_compat.apply()
-    return [p.id for p in REGISTRY.patches() if p.side != "platform" and p.needed()[0]]
+def _needed_here(disabled: str | None = None) -> list[str]:
+    """Ids whose version ranges hold here (and that no enabled patch supersedes)."""
+    off = {disabled} if disabled else set()
+    active = [p for p in REGISTRY.patches() if p.side != "platform" and p.needed()[0]]
+    superseded = {s for p in active if p.id not in off for s in p.supersedes}
+    return [p.id for p in active if p.id not in superseded]
 
 
 def test_every_needed_patch_has_a_proof_case():
@@ -55,18 +65,25 @@ def test_every_needed_patch_has_a_proof_case():
 
 
 def test_all_shims_on_passes(llama_dir, selftest):
-    proc = selftest(llama_dir, "short,chunked-8x2000,batch-43-shared-prefixes,consecutive-calls")
+    proc = selftest(llama_dir, "short,many-blocks,chunked-8x2000,batch-43-shared-prefixes,consecutive-calls")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "selftest: OK" in proc.stdout
 
 
 @pytest.mark.parametrize("pid", sorted(EXPOSED_BY))
-def test_fails_with_only_this_shim_disabled(llama_dir, selftest, pid):
-    if pid not in _needed_here():
+def test_fails_with_only_this_shim_disabled(fixture_dir, selftest, pid):
+    superseding = ALSO_DISABLE.get(pid)
+    needed = _needed_here(disabled=superseding)
+    if pid not in needed:
         pytest.skip(f"{pid} is not needed in this environment")
     if pid in PLATFORM_ONLY and PLATFORM_ONLY[pid][0] != _platform():
         pytest.skip(PLATFORM_ONLY[pid][1])
-    proc = selftest(llama_dir, EXPOSED_BY[pid], disable=pid)
+    model, checks = EXPOSED_BY[pid]
+    if superseding:
+        # the shim's own failure with the better fix off: passes with it, fails without it
+        good = selftest(fixture_dir(model), checks, disable=superseding)
+        assert good.returncode == 0, good.stdout + good.stderr[-3000:]
+    proc = selftest(fixture_dir(model), checks, disable=",".join(filter(None, (pid, superseding))))
     print(proc.stdout)
     assert proc.returncode != 0, f"selftest passed with {pid} disabled:\n{proc.stdout}"
     assert "FAIL" in proc.stdout

@@ -147,7 +147,7 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     from .selftest import main as selftest_main
 
     only = [c for c in args.checks.split(",") if c] if args.checks else None
-    return selftest_main(args.model, only=only, seed=args.seed)
+    return selftest_main(args.model, only=only, seed=args.seed, tensor_parallel_size=args.tensor_parallel_size)
 
 
 def cmd_fixture(args: argparse.Namespace) -> int:
@@ -189,6 +189,9 @@ def parser() -> argparse.ArgumentParser:
                    help="checkpoint directory, or a fixture name (default: build the llama fixture)")
     s.add_argument("--checks", default="", help="comma list of workloads to run (default: all)")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--tensor-parallel-size", "--tp", type=int, default=1,
+                   help="tensor parallel size of the engine (on vLLM's CPU platform also set "
+                        "VLLM_CPU_OMP_THREADS_BIND, e.g. '0|1' for 2 ranks on one NUMA node)")
     s.set_defaults(func=cmd_selftest)
 
     f = sub.add_parser("fixture", help="write a deterministic tiny checkpoint")

@@ -89,7 +89,7 @@ def prefer_non_mla(text_cfg: Any) -> None:
 
 
 def run_checks(model_dir: str, max_model_len: int = 2048, seed: int = 0,
-               only: Sequence[str] | None = None) -> Iterator[Check]:
+               only: Sequence[str] | None = None, tensor_parallel_size: int = 1) -> Iterator[Check]:
     import spec_compat  # noqa: F401  (registry applied before speculators is imported)
     from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
     from transformers import AutoConfig
@@ -104,8 +104,10 @@ def run_checks(model_dir: str, max_model_len: int = 2048, seed: int = 0,
     layer_ids = list(range(n_layers))
     t0 = time.perf_counter()
     with pinned_dtype("float32"):
-        gen = VllmHiddenStatesGenerator(model_dir, layer_ids=layer_ids, max_model_len=max_model_len)
-    yield Check("engine-start", True, f"{time.perf_counter() - t0:.1f}s, layers {layer_ids}")
+        gen = VllmHiddenStatesGenerator(model_dir, layer_ids=layer_ids, max_model_len=max_model_len,
+                                        tensor_parallel_size=tensor_parallel_size)
+    yield Check("engine-start", True,
+                f"{time.perf_counter() - t0:.1f}s, layers {layer_ids}, tensor parallel {tensor_parallel_size}")
     sched = gen.vllm_config.scheduler_config
     yield Check("synchronous-loop", not getattr(sched, "async_scheduling", False),
                 f"async_scheduling={getattr(sched, 'async_scheduling', None)}")
@@ -138,7 +140,8 @@ def run_checks(model_dir: str, max_model_len: int = 2048, seed: int = 0,
         del gen
 
 
-def main(model: str | None, only: Sequence[str] | None = None, seed: int = 0) -> int:
+def main(model: str | None, only: Sequence[str] | None = None, seed: int = 0,
+         tensor_parallel_size: int = 1) -> int:
     import tempfile
 
     from .fixtures import FIXTURES, build
@@ -149,7 +152,7 @@ def main(model: str | None, only: Sequence[str] | None = None, seed: int = 0) ->
         model = str(build(model or "llama", tmp.name, seed=seed))
     failed = 0
     try:
-        for check in run_checks(model, only=only):
+        for check in run_checks(model, only=only, tensor_parallel_size=tensor_parallel_size):
             print(check.line(), flush=True)
             failed += not check.ok
     except Exception as exc:

@@ -63,10 +63,12 @@ def selftest():
     return run_selftest
 
 
-def run_selftest(model: Path, checks: str, disable: str | None = None, timeout: int = 600):
+def run_selftest(model: Path, checks: str, disable: str | None = None, timeout: int = 600,
+                 tensor_parallel_size: int = 1):
     env = dict(os.environ)
     env.pop("SPEC_COMPAT_DISABLE", None)
     if disable:
         env["SPEC_COMPAT_DISABLE"] = disable
-    cmd = [sys.executable, "-m", "spec_compat", "selftest", "--model", str(model), "--checks", checks]
+    cmd = [sys.executable, "-m", "spec_compat", "selftest", "--model", str(model), "--checks", checks,
+           "--tensor-parallel-size", str(tensor_parallel_size)]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))

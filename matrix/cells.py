@@ -72,6 +72,18 @@ CELLS: dict[str, Cell] = {
             vllm="0.15.1",
             pins=TORCH_2_10,
         ),
+        # Training only (no vLLM: vLLM 0.15/0.16 pin transformers<5): speculators 0.3.0 under the
+        # newest transformers 5.x, where `import speculators` fails (T1).  speculators 0.3.0 declares
+        # plain `transformers` with no bound (0.4.x pins <=4.57.6; a <5.4 cap came on the way to
+        # 0.5.0), so nothing has to be overridden: the pin below wins.  torch 2.10.0 is the wheel the
+        # vLLM cells already hold in the uv cache (hard-linked, not downloaded); no torchvision or
+        # torchaudio (speculators' training path imports neither).
+        Cell(
+            name="train-spec0.3.0-tf5",
+            speculators="0.3.0",
+            vllm=None,
+            pins=("torch==2.10.0", "transformers==5.24.0"),
+        ),
     )
 }
 

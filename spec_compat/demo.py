@@ -157,28 +157,13 @@ def _vocab_mapping(model_dir: Path, out: Path, draft_vocab: int) -> tuple[Path, 
     return vocab / "d2t.npy", vocab / "t2d.npy"
 
 
-def _train(model_dir: Path, data_dir: Path, d2t_path: Path, t2d_path: Path, save: Path, epochs: int,
-           total_seq_len: int, lr: float, collector: _MetricCollector) -> None:
-    """speculators' scripts/train.py main(), single process, with the library's own objects."""
-    import numpy as np
-    import torch
+def build_draft(model_dir: Path, d2t: Any, t2d: Any) -> Any:
+    """The EAGLE-3 draft as speculators' scripts/train.py builds it (one Llama decoder layer sized
+    from the verifier's text config, 3 test-time-training steps, greedy proposals)."""
     from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
     from speculators.proposals.greedy import GreedyTokenProposalConfig
-    from speculators.train.data import (Eagle3SampleFileDataset, create_collate_fn, split_files,
-                                        standardize_data_v1)
-    from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
-    from speculators.train.noise_transforms import AddUniformNoise
-    from speculators.train.trainer import Trainer, TrainerConfig
-    from speculators.train.utils import maybe_setup_distributed
-    from torch.utils.data import DataLoader
     from transformers import LlamaConfig
-
-    torch.manual_seed(0)
-    local_rank, world_size, _rank, is_distributed = maybe_setup_distributed()
-    device = torch.device(local_rank)
-    d2t = torch.from_numpy(np.load(d2t_path)).to(device)
-    t2d = torch.from_numpy(np.load(t2d_path)).to(device)
 
     v = _verifier_text_config(model_dir)
     layer_config = LlamaConfig(
@@ -196,7 +181,28 @@ def _train(model_dir: Path, data_dir: Path, d2t_path: Path, t2d_path: Path, save
             proposal_methods=[GreedyTokenProposalConfig(proposal_type="greedy", speculative_tokens=3)],
             default_proposal_method="greedy",
             verifier=VerifierConfig(name_or_path=str(model_dir), architectures=[arch])))
-    model = Eagle3DraftModel(config, t2d, d2t)
+    return Eagle3DraftModel(config, t2d, d2t)
+
+
+def _train(model_dir: Path, data_dir: Path, d2t_path: Path, t2d_path: Path, save: Path, epochs: int,
+           total_seq_len: int, lr: float, collector: _MetricCollector, resume: bool = False) -> None:
+    """speculators' scripts/train.py main(), single process, with the library's own objects."""
+    import numpy as np
+    import torch
+    from speculators.train.data import (Eagle3SampleFileDataset, create_collate_fn, split_files,
+                                        standardize_data_v1)
+    from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
+    from speculators.train.noise_transforms import AddUniformNoise
+    from speculators.train.trainer import Trainer, TrainerConfig
+    from speculators.train.utils import maybe_setup_distributed
+    from torch.utils.data import DataLoader
+
+    torch.manual_seed(0)
+    local_rank, world_size, _rank, is_distributed = maybe_setup_distributed()
+    device = torch.device(local_rank)
+    d2t = torch.from_numpy(np.load(d2t_path)).to(device)
+    t2d = torch.from_numpy(np.load(t2d_path)).to(device)
+    model = build_draft(model_dir, d2t, t2d)
 
     train_files, val_files = split_files(str(data_dir), ratio=0.9)
 
@@ -211,15 +217,19 @@ def _train(model_dir: Path, data_dir: Path, d2t_path: Path, t2d_path: Path, save
 
     kwargs = {"use_off_policy_tokens": False, "ttt_steps": 3, "ttt_step_loss_decay": 1.0}
     trainer = Trainer(model, TrainerConfig(
-        num_epochs=epochs, save_path=str(save), lr=lr, resume_from_checkpoint=False, is_distributed=is_distributed,
+        num_epochs=epochs, save_path=str(save), lr=lr, resume_from_checkpoint=resume, is_distributed=is_distributed,
         local_rank=local_rank, train_call_kwargs=kwargs, val_call_kwargs=kwargs),
         loader(train_files, True), loader(val_files, False) if val_files else None)
     metrics = logging.getLogger("speculators.metrics")
+    level = metrics.level
+    if not metrics.isEnabledFor(logging.INFO):
+        metrics.setLevel(logging.INFO)  # the Trainer logs its per-step metrics at INFO
     metrics.addHandler(collector)
     try:
         trainer.run_training()
     finally:
         metrics.removeHandler(collector)
+        metrics.setLevel(level)
 
 
 def run_demo(model: str = "llama", out: str | os.PathLike[str] | None = None, epochs: int = 6,
@@ -298,3 +308,83 @@ def summary(res: DemoResult) -> str:
         f"draft:            {res.draft_dir} (eagle_aux_hidden_state_layer_ids={res.aux_layer_ids})",
         "timings (s):      " + ", ".join(f"{k.split(' (')[0]}={v}" for k, v in res.timings.items()),
     ])
+
+
+def train_from_data(model_dir: str, data_dir: str, vocab_dir: str, save: str, epochs: int = 1,
+                    lr: float = 1e-3, total_seq_len: int = 1024, resume: bool = False) -> dict[str, Any]:
+    """Training step of the demo on data it extracted earlier (tests run it with patches disabled)."""
+    import spec_compat  # noqa: F401
+
+    collector = _MetricCollector()
+    _train(Path(model_dir), Path(data_dir), Path(vocab_dir) / "d2t.npy", Path(vocab_dir) / "t2d.npy", Path(save),
+           epochs, total_seq_len, lr, collector, resume=resume)
+    return {"losses": collector.train, "val_losses": collector.val}
+
+
+def training_targets_check(model_dir: str, data_dir: str, vocab_dir: str, total_seq_len: int = 1024) -> dict[str, Any]:
+    """What the draft's frozen ``verifier_lm_head`` receives in one training forward, against the
+    verifier's final RMSNorm of the last captured layer (speculators >= 0.4 / O7) and against
+    the raw states (speculators 0.3.0 stock): max |difference| to each."""
+    import spec_compat  # noqa: F401
+    import numpy as np
+    import torch
+    from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn, list_files, standardize_data_v1
+
+    from .shims.verifier import checkpoint_names, find_prefixed, rms_norm
+
+    d2t = torch.from_numpy(np.load(Path(vocab_dir) / "d2t.npy"))
+    t2d = torch.from_numpy(np.load(Path(vocab_dir) / "t2d.npy"))
+    model = build_draft(Path(model_dir), d2t, t2d)
+    ds = Eagle3SampleFileDataset(file_list=sorted(list_files(data_dir))[:2], max_len=total_seq_len,
+                                 standardize_fn=standardize_data_v1)
+    batch = create_collate_fn(total_seq_len)([ds[0], ds[1]])
+    seen: list[Any] = []
+    model.verifier_lm_head.register_forward_pre_hook(lambda _m, a: seen.append(a[0].detach()))
+    with torch.no_grad():
+        model(**batch, ttt_steps=1, use_off_policy_tokens=False, ttt_step_loss_decay=1.0)
+    name = "model.norm.weight"
+    stored = find_prefixed([name], checkpoint_names(model_dir)).get(name, name)
+    from safetensors import safe_open
+
+    weight = None
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as fh:
+            if stored in fh.keys():
+                weight = fh.get_tensor(stored).float()
+    eps = float(_verifier_text_config(Path(model_dir)).rms_norm_eps)
+    raw = batch["verifier_last_hidden_states"]
+    n = int(batch["lengths"].sum())
+    got = seen[0][:, :n]
+    normed = rms_norm(raw, weight, eps)[:, :n]
+    return {"vs_final_norm": float((got - normed).abs().max()), "vs_raw": float((got - raw[:, :n]).abs().max()),
+            "tokens": n}
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m spec_compat.demo STEP JSON``: one step of the demo in this process (for tests)."""
+    step, kwargs = argv[0], json.loads(argv[1]) if len(argv) > 1 else {}
+    if step == "train":
+        out: Any = train_from_data(**kwargs)
+    elif step == "preprocess":
+        import spec_compat  # noqa: F401
+
+        ds = _preprocess(Path(kwargs["model_dir"]), Path(kwargs.get("data") or DEMO_DATA), Path(kwargs["out"]),
+                         int(kwargs.get("seq_len", 1024)))
+        out = {"samples": len(ds), "tokens": int(sum(len(x) for x in ds["input_ids"]))}
+    elif step == "targets":
+        out = training_targets_check(**kwargs)
+    elif step == "reload":
+        import spec_compat  # noqa: F401
+        from speculators.models.eagle3 import Eagle3DraftModel
+
+        draft = Eagle3DraftModel.from_pretrained(kwargs["path"])
+        out = {"aux": draft.config.eagle_aux_hidden_state_layer_ids, "draft_vocab": int(draft.t2d.sum())}
+    else:
+        print(f"unknown step {step!r}", file=sys.stderr)
+        return 2
+    print("SPEC_COMPAT_RESULT " + json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))

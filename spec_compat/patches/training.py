@@ -306,11 +306,88 @@ class CheckpointLoadWithoutCuda(Patch):
         changes.setattr(module, "torch", _TorchLoadView(torch))
 
 
+class _DistView:
+    """``torch.distributed`` as trainer.py sees it: ``reduce(op=AVG)``, which gloo lacks, is a SUM
+    followed by a division on the destination rank when the backend is gloo."""
+
+    def __init__(self, dist: ModuleType) -> None:
+        self._dist = dist
+
+    def reduce(self, tensor: Any, dst: int = 0, op: Any = None, *args: Any, **kwargs: Any) -> Any:
+        d = self._dist
+        if op is not None and op == d.ReduceOp.AVG and d.get_backend() == "gloo":
+            out = d.reduce(tensor, dst, d.ReduceOp.SUM, *args, **kwargs)
+            if d.get_rank() == dst:
+                tensor.div_(d.get_world_size())
+            return out
+        if op is None:
+            return d.reduce(tensor, dst, *args, **kwargs)
+        return d.reduce(tensor, dst, op, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._dist, name)
+
+
+@register
+class FsdpWithoutCuda(Patch):
+    """speculators' FSDP path (trainer.py ``setup_model``) materialises sharded layers with
+    ``to_empty(device="cuda")`` and reduces metrics with ``ReduceOp.AVG``: under torchrun on a
+    machine without CUDA (gloo) the first raises 'no NVIDIA driver', the second is not a gloo
+    op.  Without CUDA the layers materialise on cpu and AVG is SUM / world size."""
+
+    id = "fsdp-without-cuda"
+    fixes = ("T3",)
+    summary = ("torchrun without CUDA: FSDP layers materialise on cpu instead of the hard-coded 'cuda', and "
+               "metric reduction with ReduceOp.AVG runs as SUM / world size on gloo; with CUDA unchanged")
+    upstream = 'speculators 0.3.0-0.4.x train/trainer.py setup_model to_empty(device="cuda"), dist.reduce(op=AVG)'
+    target = f"{TRAINER}:Trainer"
+    requires = {"speculators": SPEC_TRAIN}
+
+    def check(self, module: ModuleType) -> None:
+        cls = g.attr(module, "Trainer")
+        if 'to_empty(device="cuda")' not in _source(cls.setup_model, "Trainer.setup_model"):
+            raise TargetChanged('Trainer.setup_model no longer calls to_empty(device="cuda")')
+        if not isinstance(module.__dict__.get("dist"), ModuleType):
+            raise TargetChanged(f"{TRAINER}.dist is not torch.distributed")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        cls = module.Trainer
+        setup = cls.setup_model
+
+        @functools.wraps(setup)
+        def setup_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not getattr(self, "is_distributed", False) or _cuda_available():
+                return setup(self, *args, **kwargs)
+            layers = list(getattr(self.model, "layers", []) or [])
+
+            def on_cpu(m: Any) -> Any:
+                inner = type(m).to_empty
+
+                def to_empty(*a: Any, device: Any = None, **kw: Any) -> Any:
+                    if device is not None and str(device).startswith("cuda"):
+                        device = "cpu"
+                    return inner(m, *a, device=device, **kw)
+
+                return to_empty
+
+            for m in layers:
+                m.__dict__["to_empty"] = on_cpu(m)  # this instance, for this call only
+            try:
+                return setup(self, *args, **kwargs)
+            finally:
+                for m in layers:
+                    m.__dict__.pop("to_empty", None)
+
+        changes.setattr(cls, "setup_model", setup_model)
+        changes.setattr(module, "dist", _DistView(module.dist))
+
+
 @register
 class DraftEagerWithoutCuda(Patch):
     """speculators 0.3.0 core.py decorates ``Eagle3DraftModel.forward`` with ``@torch.compile``
-    unconditionally; on CPU that compiles flex attention, which has no CPU backward (0.4.0
-    compiles only with CUDA).  Calls whose tensors are not on CUDA run the uncompiled forward."""
+    unconditionally (0.4.0 compiles only with CUDA): on CPU inductor compiles every new packed
+    shape (tiny Llama fixture: 153 s for a 15-step epoch vs 8 s eager).  Calls whose tensors are
+    not on CUDA run the uncompiled forward."""
 
     id = "draft-eager-without-cuda"
     fixes = ("T3",)
@@ -341,15 +418,15 @@ class DraftEagerWithoutCuda(Patch):
 @register
 class DraftAttentionWithoutFlexBackward(Patch):
     """speculators' draft attention (eagle3/attention.py ``flex_attention_forward``, registered
-    as 'simple_flex_attention') calls flex attention, which has no CPU backward.  For tensors
-    not on CUDA the same masked attention is computed with SDPA and a dense mask built from
-    the BlockMask (equal to flex attention in forward, differentiable)."""
+    as 'simple_flex_attention') calls flex attention; compiled (0.3.0 compiles the draft's forward
+    unconditionally) it has no CPU backward (torch 2.8/2.10: InductorError).  For tensors not on
+    CUDA the same masked attention is computed with SDPA and a dense mask built from the BlockMask."""
 
     id = "draft-attention-without-flex-backward"
     fixes = ("T3",)
     summary = ("the draft's 'simple_flex_attention' computes non-CUDA calls with scaled_dot_product_attention "
                "and the BlockMask materialised densely (block structure + mask_mod); CUDA calls keep flex attention")
-    upstream = "torch flex_attention: no CPU backward (speculators 0.3.0-0.4.x eagle3/attention.py)"
+    upstream = "torch.compile'd flex_attention: no CPU backward (speculators 0.3.0-0.4.x eagle3/attention.py)"
     target = f"{ATTENTION}:flex_attention_forward"
     requires = {"speculators": SPEC_TRAIN}
 
@@ -558,6 +635,19 @@ class SingleDeviceBf16(Patch):
 # T4: reloading a saved draft
 # ---------------------------------------------------------------------------
 
+def _post_init_keeping_weights(model: Any) -> None:
+    try:
+        from transformers import initialization as init  # transformers >= 5
+
+        ctx = init.no_init_weights()
+    except (ImportError, AttributeError):
+        from transformers.modeling_utils import no_init_weights
+
+        ctx = no_init_weights()
+    with ctx:
+        model.post_init()
+
+
 @register
 class DraftReloadsWithSpeculatorsLoader(Patch):
     """``Eagle3DraftModel.from_pretrained(saved_dir)`` (speculators' SpeculatorModel loader)
@@ -600,7 +690,15 @@ class DraftReloadsWithSpeculatorsLoader(Patch):
                 if verifier is not None:
                     log.warning("spec_compat: %s: Eagle3DraftModel does not attach a verifier; %r ignored",
                                 DraftReloadsWithSpeculatorsLoader.id, verifier)
+                layer_config = config.transformer_layer_config
+                if getattr(layer_config, "_attn_implementation", None) is None:
+                    # set by scripts/train.py after construction, so never saved with the config
+                    layer_config._attn_implementation = "simple_flex_attention"
                 init(self, config, t2d, d2t, *args, **kwargs)
+                if not hasattr(self, "all_tied_weights_keys") and hasattr(self, "post_init"):
+                    # transformers >= 5 loads only models that ran post_init() (speculators' does not);
+                    # without (re-)initialising the weights copied from the verifier
+                    _post_init_keeping_weights(self)
                 # the draft's lm_head (draft vocab) is its own weight, not the embedding
                 # (verifier vocab): transformers' loader would tie them and fail on the shapes
                 if getattr(self.config, "tie_word_embeddings", False):
@@ -618,7 +716,13 @@ class DraftReloadsWithSpeculatorsLoader(Patch):
                 # transformers builds models on the meta device (init_empty_weights); this
                 # constructor copies the verifier's embeddings and lm_head into its parameters,
                 # which needs real tensors
-                contexts = get_init_context(klass, *args, **kwargs)
-                return [c for c in contexts if getattr(getattr(c, "func", None), "__name__", "") != "init_empty_weights"]
+                import torch
+
+                def on_meta(c: Any) -> bool:
+                    if isinstance(c, torch.device):  # transformers >= 5: torch.device("meta")
+                        return c.type == "meta"
+                    return getattr(getattr(c, "func", None), "__name__", "") == "init_empty_weights"  # 4.x
+
+                return [c for c in get_init_context(klass, *args, **kwargs) if not on_meta(c)]
 
             changes.setattr(cls, "get_init_context", classmethod(get_init_context_))

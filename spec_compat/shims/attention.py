@@ -2,7 +2,8 @@
 
 speculators trains its EAGLE-3 draft with ``flex_attention`` and a ``BlockMask``
 (causal within each packed document, plus one diagonal per test-time-training
-step).  PyTorch's flex attention has no CPU backward.  This adapter computes the
+step).  Compiled flex attention has no CPU backward (torch 2.8/2.10: InductorError;
+the eager, unfused one has).  This adapter computes the
 same attention with ``scaled_dot_product_attention`` and a dense boolean mask
 materialised from the ``BlockMask`` itself - its block structure (which key
 blocks each query block may see, partial or full) and its ``mask_mod`` for the

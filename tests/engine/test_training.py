@@ -127,7 +127,7 @@ TRAIN_FAILS = [
     # (patch, model, text expected in the failure)
     ("train-device-without-cuda", "llama", "NVIDIA"),
     ("verifier-config-text-model", "kimi-k25", "Error"),
-    ("verifier-weights-wrapper-prefix", "kimi-k25", "KeyError"),
+    ("verifier-weights-wrapper-prefix", "kimi-k25", "None of the requested tensor names were found"),
 ]
 
 
@@ -177,8 +177,9 @@ def test_resume_without_cuda_needs_shim(demo, tmp_path):
     assert off.returncode != 0 and ("NVIDIA" in off.stderr or "CUDA" in off.stderr), off.stderr[-3000:]
     on = _step("train", save=tmp_path / "ck", epochs=2, resume=True, **args)
     assert on.returncode == 0, on.stderr[-3000:]
-    assert "Resuming training" in on.stderr
     assert (tmp_path / "ck" / "1" / "model.safetensors").is_file()
+    # resumed at epoch 1: one epoch of steps, not two
+    assert len(_result(on)["losses"]) == len(_result(first)["losses"]) > 0
 
 
 def test_reload_needs_shim(demo):
@@ -198,7 +199,11 @@ def test_kimi_preprocessing_needs_offsets_shim(fixture_dir, tmp_path):
     assert on.returncode == 0, on.stderr[-3000:]
     assert _result(on)["samples"] == 64
     off = _step("preprocess", disable=pid, model_dir=kimi, out=tmp_path / "off")
-    assert off.returncode != 0 and "no samples" in off.stderr, off.stderr[-3000:]
+    # stock: every conversation fails with the tokenizer's NotImplementedError, is logged and dropped;
+    # the empty dataset then fails later (speculators 0.3.0: IndexError showing sample 0) or here
+    assert off.returncode != 0, off.stderr[-3000:]
+    assert "return_offset_mapping is not available" in off.stderr, off.stderr[-3000:]
+    assert "no samples" in off.stderr or "out of bounds for size 0" in off.stderr, off.stderr[-3000:]
 
 
 def test_torchrun_two_cpu_ranks_fsdp(demo, tmp_path):

@@ -8,6 +8,7 @@ SPEC_COMPAT_REQUIRE_ENGINE=1 (set by matrix/run), where that is an error.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -74,3 +75,29 @@ def run_selftest(model: Path, checks: str, disable: str | None = None, timeout: 
     cmd = [sys.executable, "-m", "spec_compat", "selftest", "--model", str(model), "--checks", checks,
            "--tensor-parallel-size", str(tensor_parallel_size)]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
+
+
+DEMO_EPOCHS = 4
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory, fixture_dir):
+    """``demo(model)``: the whole demo pipeline run once per model (real engine), as a user runs it."""
+    done: dict[str, dict] = {}
+
+    def get(model: str) -> dict:
+        if model not in done:
+            if model.startswith("kimi"):
+                fixture_dir("kimi-k25")  # skips where vLLM has no Kimi-K2.5 model class
+            out = tmp_path_factory.mktemp(f"demo-{model}")
+            env = {k: v for k, v in os.environ.items() if k != "SPEC_COMPAT_DISABLE"}
+            proc = subprocess.run([sys.executable, "-m", "spec_compat", "demo", "--model", model, "--out", str(out),
+                                   "--epochs", str(DEMO_EPOCHS), "--json"], env=env, capture_output=True, text=True,
+                                  timeout=1500, cwd=str(ROOT))
+            assert proc.returncode == 0, proc.stderr[-4000:]
+            res = json.loads(proc.stdout.strip().splitlines()[-1])
+            res["vocab_dir"] = str(out / "vocab_mapping")
+            done[model] = res
+        return done[model]
+
+    return get

@@ -16,8 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from .test_training import demo  # noqa: F401  (fixture)
-
 SCRIPTS = os.environ.get("SPEC_COMPAT_STOCK_SCRIPTS")
 
 pytestmark = pytest.mark.skipif(not SCRIPTS, reason="SPEC_COMPAT_STOCK_SCRIPTS (a speculators scripts/ checkout) not set")
@@ -30,7 +28,7 @@ def _run(script: str, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("model", ["llama", "kimi-k25"])
-def test_stock_vocab_mapping_and_train_scripts(demo, tmp_path, model):  # noqa: F811
+def test_stock_vocab_mapping_and_train_scripts(demo, tmp_path, model):
     res = demo(model)
     out = Path(res["out"])
     vocab = _run("build_vocab_mapping.py", "--token-freq-path", str(out / "token_freq.pt"),

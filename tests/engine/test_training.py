@@ -19,7 +19,6 @@ from spec_compat import REGISTRY
 ROOT = Path(__file__).resolve().parents[2]
 
 MODELS = ("llama", "kimi-k25")
-EPOCHS = 4
 
 
 def _run(args: list[str], disable: str | None = None, timeout: int = 1200) -> subprocess.CompletedProcess:
@@ -51,27 +50,6 @@ def _needed(pid: str) -> None:
     ok, why = patch.needed()
     if not ok:
         pytest.skip(f"{pid} is not needed in this environment ({why})")
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory, fixture_dir):
-    """``demo(model)``: the whole demo pipeline run once per model (real engine), as a user runs it."""
-    done: dict[str, dict] = {}
-
-    def get(model: str) -> dict:
-        if model not in done:
-            if model.startswith("kimi"):
-                fixture_dir("kimi-k25")  # skips where vLLM has no Kimi-K2.5 model class
-            out = tmp_path_factory.mktemp(f"demo-{model}")
-            proc = _run(["-m", "spec_compat", "demo", "--model", model, "--out", str(out), "--epochs", str(EPOCHS),
-                         "--json"], timeout=1500)
-            assert proc.returncode == 0, proc.stderr[-4000:]
-            res = json.loads(proc.stdout.strip().splitlines()[-1])
-            res["vocab_dir"] = str(out / "vocab_mapping")
-            done[model] = res
-        return done[model]
-
-    return get
 
 
 @pytest.mark.parametrize("model", MODELS)

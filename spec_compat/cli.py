@@ -29,6 +29,8 @@ EXTRACTION_MODULES = (
     "vllm.model_executor.models.kimi_k25",
     # data preparation and training
     "speculators.data_generation.preprocessing",
+    "transformers.configuration_utils",
+    "speculators.config",
     "transformers.models.auto.configuration_auto",
     "speculators.models.eagle3.core",
     "speculators.models.eagle3.attention",

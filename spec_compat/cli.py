@@ -29,6 +29,7 @@ EXTRACTION_MODULES = (
     "vllm.model_executor.models.kimi_k25",
     # data preparation and training
     "speculators.data_generation.preprocessing",
+    "speculators.data_generation.config_generator",
     "transformers.configuration_utils",
     "speculators.config",
     "transformers.models.auto.configuration_auto",

@@ -62,3 +62,42 @@ class SlowTokenizerOffsets(Patch):
             return inner(*args, **kwargs)
 
         changes.setattr(module, "_preprocess_batch", _preprocess_batch)
+
+
+CONFIG_GEN = "speculators.data_generation.config_generator"
+
+
+@register
+class DeviceNameWithoutAccelerator(Patch):
+    """speculators 0.4.x writes its data_config.json metadata with ``get_device_name(0)``
+    (config_generator.py ``_get_gpu_info`` -> utils/util.py), which trusts
+    ``torch.accelerator.current_accelerator()``: a CUDA build of torch names 'cuda' even with
+    no GPU, and ``torch.cuda.get_device_name`` raises 'no NVIDIA driver' after extraction."""
+
+    id = "device-name-without-accelerator"
+    fixes = ("F2",)
+    summary = ("the data-generation metadata names the device 'NO ACCELERATOR' (speculators' own value, "
+               "recorded as 'CPU ONLY') when torch has no usable accelerator; with one unchanged")
+    upstream = ("speculators 0.4.x data_generation/config_generator.py _get_gpu_info -> utils/util.py "
+                "get_device_name(0) -> torch.cuda init error on a CUDA build without GPU")
+    target = f"{CONFIG_GEN}:get_device_name"
+    requires = {"speculators": ">=0.4,<0.5"}
+
+    def check(self, module: ModuleType) -> None:
+        g.has_params(g.attr(module, "get_device_name"), f"{CONFIG_GEN}.get_device_name", "idx")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        inner = module.get_device_name
+
+        @functools.wraps(inner)
+        def get_device_name(idx: int) -> str:
+            import torch
+
+            acc = getattr(torch, "accelerator", None)
+            available = acc.is_available() if acc is not None and hasattr(acc, "is_available") \
+                else torch.cuda.is_available()
+            if not available:
+                return "NO ACCELERATOR"
+            return inner(idx)
+
+        changes.setattr(module, "get_device_name", get_device_name)

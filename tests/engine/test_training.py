@@ -199,3 +199,16 @@ def test_torchrun_two_cpu_ranks_fsdp(demo, tmp_path):
     assert json.loads((tmp_path / "fsdp" / "0" / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
     off = _run(cmd[:-1] + [args.replace("fsdp", "fsdp-off")], disable=pid)
     assert off.returncode != 0 and "NVIDIA" in off.stderr, off.stderr[-4000:]
+
+
+def test_data_config_metadata_without_accelerator_needs_shim():
+    """speculators 0.4.x names the GPU in data_config.json through torch.accelerator, which a CUDA
+    build of torch reports without a GPU: the stock step after extraction raises."""
+    pid = "device-name-without-accelerator"
+    _needed(pid)
+    code = ("import spec_compat; from speculators.data_generation import config_generator as c; "
+            "print('SPEC_COMPAT_RESULT ' + __import__('json').dumps(c._get_gpu_info()))")
+    on = _run(["-c", code])
+    assert _result(on) == "CPU ONLY"
+    off = _run(["-c", code], disable=pid)
+    assert off.returncode != 0 and "NVIDIA" in off.stderr, off.stderr[-2000:]

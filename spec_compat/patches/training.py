@@ -49,6 +49,16 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def _accelerator_available() -> bool:
+    """A usable accelerator (a CUDA build of torch names 'cuda' even without a GPU)."""
+    import torch
+
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None and hasattr(acc, "is_available"):
+        return bool(acc.is_available())
+    return bool(torch.cuda.is_available())
+
+
 def _on_cuda(tensor: Any) -> bool:
     return bool(getattr(tensor, "is_cuda", False))
 
@@ -273,28 +283,43 @@ class _TorchLoadView:
 
 @register
 class CheckpointLoadWithoutCuda(Patch):
-    """speculators' SingleGPUCheckpointer resumes with ``safe_open(device="cuda:0")`` and
-    ``torch.load(map_location="cuda:0")`` (checkpointer.py, 'todo: generalize'): without CUDA
-    resuming raises.  Without CUDA both load to cpu (the Trainer then moves the model)."""
+    """speculators' SingleGPUCheckpointer resumes onto CUDA: 0.3.x hard-codes
+    ``safe_open(device="cuda:0")`` / ``torch.load(map_location="cuda:0")`` ('todo: generalize'),
+    0.4.x asks ``get_current_device()``, which answers from ``torch.accelerator`` and initialises
+    CUDA on a CUDA build without a GPU.  Without CUDA both load to cpu (the Trainer then moves it)."""
 
     id = "checkpoint-load-without-cuda"
     fixes = ("T3",)
-    summary = "without CUDA, resuming from a checkpoint loads tensors to cpu instead of the hard-coded cuda:0"
-    upstream = "speculators 0.3.0-0.4.x train/checkpointer.py SingleGPUCheckpointer 'cuda:0' (todo: generalize)"
+    summary = "without CUDA, resuming from a checkpoint loads tensors to cpu instead of cuda:0"
+    upstream = ("speculators 0.3.x train/checkpointer.py SingleGPUCheckpointer 'cuda:0' (todo: generalize); "
+                "0.4.x get_current_device() -> CUDA init without a GPU")
     target = f"{CHECKPOINTER}:SingleGPUCheckpointer"
     requires = {"speculators": SPEC_TRAIN}
 
     def check(self, module: ModuleType) -> None:
+        src = _source(module.SingleGPUCheckpointer, "SingleGPUCheckpointer")
+        if "get_current_device()" in src:
+            if not callable(module.__dict__.get("get_current_device")):
+                raise TargetChanged(f"{CHECKPOINTER}.get_current_device is not a function")
+            return
         g.has_params(g.attr(module, "load_safetensors_state_dict"), "load_safetensors_state_dict", "path", "device")
         if not isinstance(module.__dict__.get("torch"), ModuleType):
             raise TargetChanged(f"{CHECKPOINTER}.torch is not the torch module")
-        src = _source(module.SingleGPUCheckpointer, "SingleGPUCheckpointer")
         if '"cuda:0"' not in src:
-            raise TargetChanged("SingleGPUCheckpointer no longer hard-codes cuda:0")
+            raise TargetChanged("SingleGPUCheckpointer neither hard-codes cuda:0 nor asks get_current_device()")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        inner = module.load_safetensors_state_dict
         torch = module.torch
+        if "get_current_device()" in _source(module.SingleGPUCheckpointer, "SingleGPUCheckpointer"):
+            current = module.get_current_device
+
+            @functools.wraps(current)
+            def get_current_device() -> str:
+                return current() if _accelerator_available() else "cpu"
+
+            changes.setattr(module, "get_current_device", get_current_device)
+            return
+        inner = module.load_safetensors_state_dict
 
         @functools.wraps(inner)
         def load_safetensors_state_dict(path: Any, device: str) -> Any:

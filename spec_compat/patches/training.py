@@ -603,6 +603,29 @@ class DraftNamesItsAuxLayers(Patch):
 # P-single: mixed precision on one device
 # ---------------------------------------------------------------------------
 
+class _OptimView:
+    def __init__(self, optim: Any) -> None:
+        self._optim = optim
+
+    def AdamW(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 - torch's name
+        kwargs.setdefault("fused", True)
+        return self._optim.AdamW(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._optim, name)
+
+
+class _TorchFusedAdamWView:
+    """``torch`` as trainer.py's setup_optimizer sees it on one CUDA device: AdamW is fused."""
+
+    def __init__(self, torch: ModuleType) -> None:
+        self._torch = torch
+        self.optim = _OptimView(torch.optim)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._torch, name)
+
+
 @register
 class SingleDeviceBf16(Patch):
     """speculators' single-device path (train.py without torchrun) never casts model or data:
@@ -613,8 +636,8 @@ class SingleDeviceBf16(Patch):
     id = "single-device-bf16"
     fixes = ("P-single",)
     summary = ("single-device CUDA training computes in bf16 (autocast) with fp32 master weights and fp32 "
-               "optimizer state, like the FSDP path's MixedPrecisionPolicy; CPU and FSDP runs unchanged; "
-               "SPEC_COMPAT_DISABLE=single-device-bf16 keeps fp32")
+               "optimizer state (AdamW as one fused kernel), like the FSDP path's MixedPrecisionPolicy; CPU and "
+               "FSDP runs unchanged; SPEC_COMPAT_DISABLE=single-device-bf16 keeps fp32")
     upstream = "speculators 0.3.0-0.4.x train/trainer.py setup_model: no dtype policy without FSDP (fp32 training)"
     target = f"{TRAINER}:Trainer"
     requires = {"speculators": SPEC_TRAIN}
@@ -624,6 +647,9 @@ class SingleDeviceBf16(Patch):
         g.has_params(cls.setup_model, "Trainer.setup_model", "self")
         if "MixedPrecisionPolicy" in _source(cls, "Trainer") or "autocast" in _source(cls, "Trainer"):
             raise TargetChanged("Trainer already sets a precision policy itself")
+        if not isinstance(module.__dict__.get("torch"), ModuleType) or \
+                "torch.optim.AdamW(" not in _source(cls.setup_optimizer, "Trainer.setup_optimizer"):
+            raise TargetChanged("Trainer.setup_optimizer no longer builds torch.optim.AdamW")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
         cls = module.Trainer
@@ -649,11 +675,29 @@ class SingleDeviceBf16(Patch):
                     return forward(*a, **kw)
 
             model.forward = bf16_forward
+            self.__dict__["_spec_compat_fused_adamw"] = True
             log.info("spec_compat: %s: single-device training on %s in bf16 autocast with fp32 master weights",
                      SingleDeviceBf16.id, first.device)
             return out
 
         changes.setattr(cls, "setup_model", setup_model)
+
+        setup_optimizer = cls.setup_optimizer
+
+        @functools.wraps(setup_optimizer)
+        def setup_optimizer_(self: Any, *args: Any, **kwargs: Any) -> Any:
+            real = module.__dict__.get("torch")
+            if not self.__dict__.get("_spec_compat_fused_adamw") or not isinstance(real, ModuleType):
+                return setup_optimizer(self, *args, **kwargs)
+            # the same AdamW, as one fused CUDA kernel over the fp32 master weights and states
+            module.torch = _TorchFusedAdamWView(real)  # trainer.py's own global, for this call only
+            try:
+                return setup_optimizer(self, *args, **kwargs)
+            finally:
+                if isinstance(module.__dict__.get("torch"), _TorchFusedAdamWView):
+                    module.torch = real
+
+        changes.setattr(cls, "setup_optimizer", setup_optimizer_)
 
 
 # ---------------------------------------------------------------------------

@@ -425,7 +425,8 @@ class DraftEagerWithoutCuda(Patch):
     def check(self, module: ModuleType) -> None:
         fwd = g.attr(module, DRAFT).__dict__.get("forward")
         if getattr(fwd, "_torchdynamo_orig_callable", None) is None:
-            raise TargetChanged(f"{DRAFT}.forward is not a torch.compile'd function")
+            raise TargetChanged(f"{DRAFT}.forward is not a torch.compile'd function "
+                                "(with TORCHDYNAMO_DISABLE=1 torch.compile returns it unchanged)")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
         cls = getattr(module, DRAFT)

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-# speculators' Eagle3DraftModel.forward is @torch.compile'd: eager is enough for a tiny draft
-os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+# No process-wide TORCHDYNAMO_DISABLE here: this conftest is loaded in every cell's session, and it
+# would un-compile speculators' draft for the engine tests too (draft-eager-without-cuda keeps CPU
+# runs uncompiled anyway).
 
 import spec_compat  # noqa: E402  (before speculators, as users do)
 from spec_compat._versions import in_range, installed_version  # noqa: E402

@@ -8,6 +8,14 @@ from typing import Any
 from ..registry import TargetChanged
 
 
+def source(obj: Any, where: str) -> str:
+    """The source text of ``obj`` (a shape guard reads what the target does)."""
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError) as exc:
+        raise TargetChanged(f"cannot read the source of {where}: {exc}") from None
+
+
 def params(obj: Any, where: str) -> dict[str, inspect.Parameter]:
     try:
         return dict(inspect.signature(obj).parameters)

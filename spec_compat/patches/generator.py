@@ -329,12 +329,7 @@ class RowsByRequestId(Patch):
 
 
 def _generator_source(module: ModuleType) -> str:
-    import inspect
-
-    try:
-        return inspect.getsource(g.attr(module, "VllmHiddenStatesGenerator"))
-    except (OSError, TypeError) as exc:
-        raise TargetChanged(f"cannot read VllmHiddenStatesGenerator's source: {exc}") from None
+    return g.source(g.attr(module, "VllmHiddenStatesGenerator"), "VllmHiddenStatesGenerator")
 
 
 @register

@@ -11,7 +11,6 @@ weight to vLLM's own ``load_weights`` unchanged.
 from __future__ import annotations
 
 import functools
-import inspect
 from types import ModuleType
 from typing import Any
 
@@ -21,13 +20,6 @@ from . import _guards as g
 KIMI = "vllm.model_executor.models.kimi_k25"
 CLS = "KimiK25ForConditionalGeneration"
 VLLM_015 = ">=0.15,<0.16"
-
-
-def _source(obj: Any, where: str) -> str:
-    try:
-        return inspect.getsource(obj)
-    except (OSError, TypeError) as exc:
-        raise TargetChanged(f"cannot read the source of {where}: {exc}") from None
 
 
 class _CudaView:
@@ -84,7 +76,7 @@ class KimiK25DeviceWithoutCuda(Patch):
 
     def check(self, module: ModuleType) -> None:
         cls = g.attr(module, CLS)
-        if "torch.cuda.current_device()" not in _source(cls.__init__, f"{CLS}.__init__"):
+        if "torch.cuda.current_device()" not in g.source(cls.__init__, f"{CLS}.__init__"):
             raise TargetChanged(f"{CLS}.__init__ no longer calls torch.cuda.current_device()")
         torch = module.__dict__.get("torch")
         if not isinstance(torch, ModuleType) or not hasattr(getattr(torch, "cuda", None), "current_device"):
@@ -137,7 +129,7 @@ class KimiK25LoadUnfusedQkvA(Patch):
     def check(self, module: ModuleType) -> None:
         cls = g.attr(module, CLS)
         g.has_params(cls.load_weights, f"{CLS}.load_weights", "self", "weights")
-        src = _source(cls.load_weights, f"{CLS}.load_weights")
+        src = g.source(cls.load_weights, f"{CLS}.load_weights")
         needed = ['"language_model.model": "language_model"',
                   '(".fused_qkv_a_proj", ".q_a_proj", 0)',
                   '(".fused_qkv_a_proj", ".kv_a_proj_with_mqa", 1)']

@@ -10,6 +10,7 @@ from types import ModuleType
 from typing import Any
 
 from ..registry import Changes, Patch, TargetChanged, register
+from ..shims.device import accelerator_available
 from . import _guards as g
 
 log = logging.getLogger("spec_compat")
@@ -36,11 +37,7 @@ class SlowTokenizerOffsets(Patch):
     def check(self, module: ModuleType) -> None:
         fn = g.attr(module, "_preprocess_batch")
         g.has_params(fn, "_preprocess_batch", "examples", "tokenizer")
-        try:
-            src = inspect.getsource(fn)
-        except (OSError, TypeError) as exc:
-            raise TargetChanged(f"cannot read _preprocess_batch: {exc}") from None
-        if "return_offsets_mapping=True" not in src:
+        if "return_offsets_mapping=True" not in g.source(fn, "_preprocess_batch"):
             raise TargetChanged("_preprocess_batch no longer asks for offsets")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
@@ -91,12 +88,7 @@ class DeviceNameWithoutAccelerator(Patch):
 
         @functools.wraps(inner)
         def get_device_name(idx: int) -> str:
-            import torch
-
-            acc = getattr(torch, "accelerator", None)
-            available = acc.is_available() if acc is not None and hasattr(acc, "is_available") \
-                else torch.cuda.is_available()
-            if not available:
+            if not accelerator_available():
                 return "NO ACCELERATOR"
             return inner(idx)
 

@@ -11,7 +11,6 @@ pass straight through.
 from __future__ import annotations
 
 import functools
-import inspect
 import json
 import logging
 import sys
@@ -20,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from ..registry import Changes, Patch, TargetChanged, register
+from ..shims.device import accelerator_available
 from . import _guards as g
 
 log = logging.getLogger("spec_compat")
@@ -36,26 +36,9 @@ SPEC_03 = ">=0.3,<0.4"
 SPEC_TRAIN = ">=0.3,<0.5"
 
 
-def _source(obj: Any, where: str) -> str:
-    try:
-        return inspect.getsource(obj)
-    except (OSError, TypeError) as exc:
-        raise TargetChanged(f"cannot read the source of {where}: {exc}") from None
-
-
 def _cuda_available() -> bool:
     import torch
 
-    return bool(torch.cuda.is_available())
-
-
-def _accelerator_available() -> bool:
-    """A usable accelerator (a CUDA build of torch names 'cuda' even without a GPU)."""
-    import torch
-
-    acc = getattr(torch, "accelerator", None)
-    if acc is not None and hasattr(acc, "is_available"):
-        return bool(acc.is_available())
     return bool(torch.cuda.is_available())
 
 
@@ -241,14 +224,7 @@ class TrainDeviceWithoutCuda(Patch):
 
         @functools.wraps(inner)
         def maybe_setup_distributed() -> tuple[Any, int, int, bool]:
-            import torch
-
-            acc = getattr(torch, "accelerator", None)
-            if acc is not None and hasattr(acc, "is_available"):
-                has_acc = bool(acc.is_available())  # a device is present, not just a CUDA build
-            else:
-                has_acc = torch.cuda.is_available()
-            if has_acc:
+            if accelerator_available():
                 return inner()
             if not module.is_distributed:
                 log.info("spec_compat: %s: no accelerator, training on cpu", TrainDeviceWithoutCuda.id)
@@ -297,7 +273,7 @@ class CheckpointLoadWithoutCuda(Patch):
     requires = {"speculators": SPEC_TRAIN}
 
     def check(self, module: ModuleType) -> None:
-        src = _source(module.SingleGPUCheckpointer, "SingleGPUCheckpointer")
+        src = g.source(module.SingleGPUCheckpointer, "SingleGPUCheckpointer")
         if "get_current_device()" in src:
             if not callable(module.__dict__.get("get_current_device")):
                 raise TargetChanged(f"{CHECKPOINTER}.get_current_device is not a function")
@@ -310,12 +286,12 @@ class CheckpointLoadWithoutCuda(Patch):
 
     def install(self, module: ModuleType, changes: Changes) -> None:
         torch = module.torch
-        if "get_current_device()" in _source(module.SingleGPUCheckpointer, "SingleGPUCheckpointer"):
+        if "get_current_device()" in g.source(module.SingleGPUCheckpointer, "SingleGPUCheckpointer"):
             current = module.get_current_device
 
             @functools.wraps(current)
             def get_current_device() -> str:
-                return current() if _accelerator_available() else "cpu"
+                return current() if accelerator_available() else "cpu"
 
             changes.setattr(module, "get_current_device", get_current_device)
             return
@@ -370,7 +346,7 @@ class FsdpWithoutCuda(Patch):
 
     def check(self, module: ModuleType) -> None:
         cls = g.attr(module, "Trainer")
-        if 'to_empty(device="cuda")' not in _source(cls.setup_model, "Trainer.setup_model"):
+        if 'to_empty(device="cuda")' not in g.source(cls.setup_model, "Trainer.setup_model"):
             raise TargetChanged('Trainer.setup_model no longer calls to_empty(device="cuda")')
         if not isinstance(module.__dict__.get("dist"), ModuleType):
             raise TargetChanged(f"{TRAINER}.dist is not torch.distributed")
@@ -511,7 +487,7 @@ class TargetsAfterFinalNorm(Patch):
         g.has_params(cls._setup_embeddings_and_lm_heads, "_setup_embeddings_and_lm_heads", "self", "config")
         g.has_params(cls.forward, f"{DRAFT}.forward", "verifier_last_hidden_states")
         g.attr(module, "load_model_layers")
-        if "verifier_norm" in _source(cls, DRAFT):
+        if "verifier_norm" in g.source(cls, DRAFT):
             raise TargetChanged(f"{DRAFT} already applies a verifier norm")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
@@ -646,10 +622,10 @@ class SingleDeviceBf16(Patch):
     def check(self, module: ModuleType) -> None:
         cls = g.attr(module, "Trainer")
         g.has_params(cls.setup_model, "Trainer.setup_model", "self")
-        if "MixedPrecisionPolicy" in _source(cls, "Trainer") or "autocast" in _source(cls, "Trainer"):
+        if "MixedPrecisionPolicy" in g.source(cls, "Trainer") or "autocast" in g.source(cls, "Trainer"):
             raise TargetChanged("Trainer already sets a precision policy itself")
         if not isinstance(module.__dict__.get("torch"), ModuleType) or \
-                "torch.optim.AdamW(" not in _source(cls.setup_optimizer, "Trainer.setup_optimizer"):
+                "torch.optim.AdamW(" not in g.source(cls.setup_optimizer, "Trainer.setup_optimizer"):
             raise TargetChanged("Trainer.setup_optimizer no longer builds torch.optim.AdamW")
 
     def install(self, module: ModuleType, changes: Changes) -> None:

@@ -14,13 +14,13 @@ import logging
 
 from . import patches as _patches  # noqa: F401  (registers every patch)
 from ._versions import installed_versions
-from .registry import REGISTRY, PatchError, Record, Status, TargetChanged
+from .registry import REGISTRY, NotNeeded, PatchError, Record, Status, TargetChanged
 from .switches import SwitchError
 
 __version__ = "0.1.0"
 __all__ = [
     "apply", "revert", "records", "installed_versions", "REGISTRY",
-    "Record", "Status", "PatchError", "SwitchError", "TargetChanged", "__version__",
+    "Record", "Status", "NotNeeded", "PatchError", "SwitchError", "TargetChanged", "__version__",
 ]
 
 logging.getLogger("spec_compat").addHandler(logging.NullHandler())

@@ -51,6 +51,11 @@ class TargetChanged(Exception):
     """Raised by a guard: the target does not have the shape the shim relies on."""
 
 
+class NotNeeded(Exception):
+    """Raised by a guard: the installed versions are in range, but this process does
+    not need the shim (e.g. a CPU-only shim on a GPU platform).  Nothing is touched."""
+
+
 class PatchError(RuntimeError):
     """Strict mode: a patch ended ``target-changed`` or ``failed``."""
 
@@ -269,6 +274,9 @@ class Registry:
             if attr is not None and not hasattr(module, attr):
                 raise TargetChanged(f"{patch.target_module} has no attribute {attr!r}")
             patch.check(module)
+        except NotNeeded as exc:
+            self._set(patch, Status.NOT_NEEDED, str(exc))
+            return
         except TargetChanged as exc:
             self._set(patch, Status.TARGET_CHANGED, str(exc))
             self._maybe_raise(patch, strict)

@@ -351,9 +351,23 @@ def _eagle3_methods(patch_id: str, find_stack: Any) -> dict[str, Any]:
     def get_eagle3_aux_hidden_state_layers(self: Any) -> tuple[int, ...]:
         return default_aux_layers(len(find_stack(self).layers))
 
+    # every member of vLLM's runtime-checkable SupportsEagle3 protocol (SupportsEagleBase's flags too:
+    # isinstance() looks for each of them)
     return {"supports_eagle3": True,
+            "has_own_lm_head": False,
+            "has_own_embed_tokens": False,
             "set_aux_hidden_state_layers": set_aux_hidden_state_layers,
             "get_eagle3_aux_hidden_state_layers": get_eagle3_aux_hidden_state_layers}
+
+
+def _install_eagle3(cls: Any, patch_id: str, changes: Changes) -> None:
+    from ..shims.decoder import find_decoder_stack
+
+    for name, value in _eagle3_methods(patch_id, find_decoder_stack).items():
+        if name.startswith("has_own_") and hasattr(cls, name):
+            continue  # the model's own answer stands
+        changes.setattr(cls, name, value)
+    changes.setattr(cls, "forward", _forward_with_aux(cls.forward))
 
 
 def _forward_with_aux(orig: Any) -> Any:
@@ -396,21 +410,18 @@ class Eagle3DeepseekAuxStates(Patch):
         _check_not_eagle3(cls, "DeepseekV2ForCausalLM")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ..shims.decoder import find_decoder_stack
-
-        cls = module.DeepseekV2ForCausalLM
-        for name, value in _eagle3_methods(self.id, find_decoder_stack).items():
-            changes.setattr(cls, name, value)
-        changes.setattr(cls, "forward", _forward_with_aux(cls.forward))
+        _install_eagle3(module.DeepseekV2ForCausalLM, self.id, changes)
 
 
 @register
 class Eagle3KimiK25Delegation(Patch):
     """vLLM <0.18 ``model_executor/models/kimi_k25.py``: the Kimi-K2.5 wrapper is not
-    ``SupportsEagle3``; its text model (DeepSeek-V3) holds the decoder loop."""
+    ``SupportsEagle3``; its text model (DeepSeek-V3) holds the decoder loop, and
+    the drafter reads ``config.image_token_index``, which Kimi's config lacks."""
 
     id = "eagle3-kimi-k25-aux-states"
-    summary = "KimiK25ForConditionalGeneration returns EAGLE-3 aux hidden states of its text model's layers"
+    summary = ("KimiK25ForConditionalGeneration returns EAGLE-3 aux hidden states of its text model's layers; "
+               "its config names image_token_index for the drafter")
     upstream = "vLLM <0.18 model_executor/models/kimi_k25.py: no SupportsEagle3 on the wrapper (S1)"
     fixes = ("S1",)
     target = "vllm.model_executor.models.kimi_k25:KimiK25ForConditionalGeneration"
@@ -421,11 +432,23 @@ class Eagle3KimiK25Delegation(Patch):
         cls = g.attr(module, "KimiK25ForConditionalGeneration")
         _check_not_eagle3(cls, "KimiK25ForConditionalGeneration")
         g.has_attrs(cls, "KimiK25ForConditionalGeneration", "get_language_model")
+        g.has_params(cls.__init__, "KimiK25ForConditionalGeneration.__init__", "vllm_config")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ..shims.decoder import find_decoder_stack
+        import functools
 
         cls = module.KimiK25ForConditionalGeneration
-        for name, value in _eagle3_methods(self.id, find_decoder_stack).items():
-            changes.setattr(cls, name, value)
-        changes.setattr(cls, "forward", _forward_with_aux(cls.forward))
+        _install_eagle3(cls, self.id, changes)
+        orig_init = cls.__init__
+
+        @functools.wraps(orig_init)  # vLLM reads the signature (keyword vllm_config)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            orig_init(self, *args, **kwargs)
+            # EagleProposer.load_model (v1/spec_decode/eagle.py ~1362) reads the wrapper's
+            # config.image_token_index; Kimi-K2.5 calls its image token media_placeholder_token_id
+            cfg = getattr(self, "config", None)
+            if cfg is not None and not hasattr(cfg, "image_token_index") \
+                    and hasattr(cfg, "media_placeholder_token_id"):
+                cfg.image_token_index = cfg.media_placeholder_token_id
+
+        changes.setattr(cls, "__init__", __init__)

@@ -5,6 +5,9 @@
   run SCRIPT [ARGS...]             run an unmodified script with the registry applied
   selftest [--model DIR|llama]     stock extraction vs a transformers reference
   fixture NAME OUT_DIR [--seed N]  write a deterministic tiny checkpoint
+  demo [--model llama|kimi-k25]    the whole pipeline on a tiny fixture, ending with evaluate
+  evaluate --target DIR --draft DIR [--prompts FILE] [--k N] [--json]
+                                   serve the draft: lossless check and acceptance counters
 """
 
 from __future__ import annotations
@@ -38,6 +41,12 @@ EXTRACTION_MODULES = (
     "speculators.train.utils",
     "speculators.train.checkpointer",
     "speculators.train.trainer",
+    # serving (evaluate)
+    "vllm.config.speculative",
+    "vllm.v1.worker.cpu_model_runner",
+    "vllm.v1.sample.rejection_sampler",
+    "vllm.v1.spec_decode.eagle",
+    "vllm.model_executor.models.deepseek_v2",
 )
 
 
@@ -177,11 +186,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo, summary
 
     try:
-        res = run_demo(args.model, args.out, epochs=args.epochs, lr=args.lr)
+        res = run_demo(args.model, args.out, epochs=args.epochs, lr=args.lr, regenerate=args.regenerate,
+                       evaluate=args.evaluate, k=args.k)
     except (ValueError, FileNotFoundError, FileExistsError) as exc:
         print(f"spec-compat demo: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(res.as_dict()) if args.json else summary(res))
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from .evaluate import EvaluateError, evaluate, table
+
+    try:
+        res = evaluate(args.target, args.draft, prompts=args.prompts, k=args.k, max_tokens=args.max_tokens,
+                       max_model_len=args.max_model_len, limit=args.limit, eager=not args.compile)
+    except EvaluateError as exc:
+        print(f"spec-compat evaluate: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(res.as_dict()) if args.json else table(res))
+    if not res.lossless:
+        print("spec-compat evaluate: outputs with the draft differ from outputs without it", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -218,15 +244,42 @@ def parser() -> argparse.ArgumentParser:
                         "VLLM_CPU_OMP_THREADS_BIND, e.g. '0|1' for 2 ranks on one NUMA node)")
     s.set_defaults(func=cmd_selftest)
 
-    d = sub.add_parser("demo", help="the stock pipeline on a tiny fixture: preprocess, extract (vLLM), "
-                                     "vocab mapping, train an EAGLE-3 draft, reload it, report")
+    d = sub.add_parser("demo", help="the stock pipeline on a tiny fixture: regenerate chats with the target, "
+                                     "preprocess, extract (vLLM), vocab mapping, train an EAGLE-3 draft, reload "
+                                     "it, serve it (evaluate), report")
     d.add_argument("--model", default="llama", choices=["llama", "kimi-k25"], help="fixture to use (default llama)")
     d.add_argument("--out", default=None, help="output directory, must not hold earlier results "
                                                "(default ./spec-compat-demo/MODEL)")
     d.add_argument("--epochs", type=int, default=6, help="training epochs (default 6)")
     d.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
+    d.add_argument("--regenerate", action=argparse.BooleanOptionalAction, default=True,
+                   help="rewrite the chats' assistant turns with the target (vLLM, greedy) before extraction, "
+                        "so the draft learns the target's own distribution (default: on)")
+    d.add_argument("--evaluate", action=argparse.BooleanOptionalAction, default=True,
+                   help="serve the trained draft as EAGLE-3 speculator and print the evaluate table (default: on)")
+    d.add_argument("--k", type=int, default=3, help="speculative tokens when evaluating (default 3)")
     d.add_argument("--json", action="store_true", help="print the result as JSON")
     d.set_defaults(func=cmd_demo)
+
+    e = sub.add_parser("evaluate", help="serve an EAGLE-3 draft in vLLM: greedy outputs with and without it "
+                                         "must be identical; prints drafts, accepted tokens, acceptance rate, "
+                                         "mean acceptance length, per-position acceptance",
+                       epilog="Exit status: 0 lossless, 1 outputs differ, 2 bad input.")
+    e.add_argument("--target", required=True, help="target (verifier) checkpoint directory")
+    e.add_argument("--draft", required=True, help="EAGLE-3 draft directory (speculators format)")
+    e.add_argument("--prompts", default=None, help="prompts file: .jsonl with prompt_token_ids, prompt or "
+                                                   "messages/conversations per line, or one raw prompt per line "
+                                                   "(default: spec-compat's 16 held-out chat prompts)")
+    e.add_argument("--k", type=int, default=3, help="speculative tokens per draft (default 3)")
+    e.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt (default 64)")
+    e.add_argument("--max-model-len", type=int, default=2048, help="engine max_model_len (default 2048)")
+    e.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    e.add_argument("--compile", action="store_true", help="let vLLM compile / capture graphs "
+                                                         "(default: enforce_eager)")
+    e.add_argument("--json", action="store_true", help='print {"lossless", "drafts", "draft_tokens", '
+                                                      '"accepted_tokens", "acceptance_rate", '
+                                                      '"mean_acceptance_length", "per_position", ...}')
+    e.set_defaults(func=cmd_evaluate)
 
     f = sub.add_parser("fixture", help="write a deterministic tiny checkpoint")
     f.add_argument("name", help="fixture name: llama, kimi-k25")

@@ -43,6 +43,8 @@ class DemoResult:
     losses: list[float] = field(default_factory=list)
     val_losses: list[float] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    regenerated: dict[str, int] | None = None
+    evaluation: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -109,7 +111,7 @@ def _preprocess(model_dir: Path, jsonl: Path, out: Path, seq_len: int) -> Any:
 
 
 def _extract(model_dir: Path, dataset: Any, data_dir: Path, layer_ids: list[int], seq_len: int,
-             batch_size: int) -> tuple[int, int]:
+             batch_size: int, train_data: Path = DEMO_DATA) -> tuple[int, int]:
     import torch
     from speculators.data_generation.config_generator import DataGenerationConfig
     from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
@@ -133,7 +135,7 @@ def _extract(model_dir: Path, dataset: Any, data_dir: Path, layer_ids: list[int]
                 tokens += len(ids)
             print(f"  extracted {n}/{len(dataset)} samples", file=sys.stderr, flush=True)
         config = DataGenerationConfig.from_generator(
-            generator=gen, train_data_path=str(DEMO_DATA), seq_length=seq_len,
+            generator=gen, train_data_path=str(train_data), seq_length=seq_len,
             cache_dir=str(data_dir.parent / "hf_cache"), num_samples=n, max_samples=None, seed=0)
         (data_dir / "data_config.json").write_text(json.dumps(config.to_dict(), indent=2))
     finally:
@@ -234,8 +236,13 @@ def _train(model_dir: Path, data_dir: Path, d2t_path: Path, t2d_path: Path, save
 
 def run_demo(model: str = "llama", out: str | os.PathLike[str] | None = None, epochs: int = 6,
              seq_len: int = 1024, total_seq_len: int = 1024, draft_vocab: int = 256, lr: float = 1e-3,
-             batch_size: int = 16, data: str | os.PathLike[str] | None = None) -> DemoResult:
-    """Run the pipeline; returns what it produced and measured.  Raises on any failed step."""
+             batch_size: int = 16, data: str | os.PathLike[str] | None = None, regenerate: bool = True,
+             evaluate: bool = True, k: int = 3) -> DemoResult:
+    """Run the pipeline; returns what it produced and measured.  Raises on any failed step.
+
+    ``regenerate``: the assistant turns of the chat data are first rewritten by the target itself
+    (greedy, vLLM), so the draft learns the target's own distribution.  ``evaluate``: the saved
+    draft is served as EAGLE-3 speculator (``spec-compat evaluate``) on held-out prompts."""
     import spec_compat  # noqa: F401  (the registry is applied before speculators is imported)
 
     from .fixtures import build
@@ -255,15 +262,22 @@ def run_demo(model: str = "llama", out: str | os.PathLike[str] | None = None, ep
     if any(res.draft_dir.iterdir()):
         raise FileExistsError(f"{res.draft_dir} is not empty: choose a new --out (nothing is overwritten)")
 
-    p = _Progress(7)
+    p = _Progress(7 + int(regenerate) + int(evaluate))
     p.step(f"fixture {fixture}", lambda: build(fixture, res.model_dir))
     text = _verifier_text_config(res.model_dir)
     res.layer_ids = list(range(int(text.num_hidden_layers)))
+    if regenerate:
+        from .evaluate import regenerate_chats
+
+        regen = out_dir / "regenerated_chat.jsonl"
+        res.regenerated = p.step("regenerate the assistant turns with the target (vLLM, greedy)",
+                                 lambda: regenerate_chats(res.model_dir, jsonl, regen, max_model_len=seq_len))
+        jsonl = regen
     dataset = p.step("preprocess chat data (speculators.data_generation.preprocessing)",
                      lambda: _preprocess(res.model_dir, jsonl, out_dir, seq_len))
     res.samples, res.tokens = p.step(
         f"extract hidden states of layers {res.layer_ids} (stock VllmHiddenStatesGenerator)",
-        lambda: _extract(res.model_dir, dataset, res.data_dir, res.layer_ids, seq_len, batch_size))
+        lambda: _extract(res.model_dir, dataset, res.data_dir, res.layer_ids, seq_len, batch_size, jsonl))
     d2t, t2d = p.step("vocabulary mapping (speculators.train.vocab_mapping)",
                       lambda: _vocab_mapping(res.model_dir, out_dir, draft_vocab))
     collector = _MetricCollector()
@@ -281,6 +295,11 @@ def run_demo(model: str = "llama", out: str | os.PathLike[str] | None = None, ep
 
     last, res.aux_layer_ids = p.step("reload the saved draft (Eagle3DraftModel.from_pretrained)", reload)
     res.draft_dir = last
+    if evaluate:
+        from .evaluate import evaluate as serve_and_measure
+
+        res.evaluation = p.step(f"serve the draft as EAGLE-3 speculator, k={k} (spec-compat evaluate)",
+                                lambda: serve_and_measure(res.model_dir, last, k=k, max_model_len=seq_len).as_dict())
 
     def report() -> None:
         from .cli import report_data
@@ -307,7 +326,16 @@ def summary(res: DemoResult) -> str:
         + (f", val loss {res.val_losses[0]:.3f} -> {res.val_losses[-1]:.3f}" if res.val_losses else ""),
         f"draft:            {res.draft_dir} (eagle_aux_hidden_state_layer_ids={res.aux_layer_ids})",
         "timings (s):      " + ", ".join(f"{k.split(' (')[0]}={v}" for k, v in res.timings.items()),
-    ])
+    ] + ([f"regenerated:      {res.regenerated['replies']} assistant replies, {res.regenerated['tokens']} tokens "
+          "(target, greedy)"] if res.regenerated else [])
+      + (["", "evaluate (draft served by vLLM on held-out prompts):", _evaluation_table(res.evaluation)]
+         if res.evaluation else []))
+
+
+def _evaluation_table(data: dict[str, Any]) -> str:
+    from .evaluate import EvalResult, table
+
+    return table(EvalResult(**data))
 
 
 def train_from_data(model_dir: str, data_dir: str, vocab_dir: str, save: str, epochs: int = 1,

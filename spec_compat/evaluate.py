@@ -1,0 +1,304 @@
+"""Serve a draft and measure it: ``spec-compat evaluate`` and target regeneration.
+
+:func:`evaluate` runs vLLM on the same prompts twice - without speculation and
+with the EAGLE-3 draft - greedily, checks the two outputs are token-for-token
+identical (speculative decoding must be lossless) and reads the engine's
+speculative-decoding counters (``LLM.get_metrics()``; counters are cumulative
+per process, so each run reads them before and after its ``generate``).
+
+:func:`regenerate_chats` rewrites the assistant turns of a chat dataset with
+the target itself (greedy, turn by turn), as real EAGLE-3 pipelines do before
+extraction so the draft learns the target's own distribution.
+
+Runs on vLLM's CPU platform (spec-compat's serving patches) and on a GPU
+install unchanged.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("spec_compat")
+
+EVAL_PROMPTS = Path(__file__).with_name("data") / "eval_prompts.jsonl"
+_METRIC = "vllm:spec_decode_"
+
+
+class EvaluateError(ValueError):
+    """Bad input to evaluate/regenerate (path, prompts file, arguments)."""
+
+
+@dataclass
+class EvalResult:
+    lossless: bool
+    drafts: int
+    draft_tokens: int
+    accepted_tokens: int
+    acceptance_rate: float
+    mean_acceptance_length: float
+    per_position: list[float]
+    per_position_accepted: list[int]
+    k: int
+    prompts: int
+    output_tokens: int
+    first_mismatch: dict[str, int] | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _check_model_dir(path: str | os.PathLike[str], what: str) -> Path:
+    p = Path(path)
+    if not p.is_dir():
+        raise EvaluateError(f"{what} {str(p)!r} is not a directory")
+    if not (p / "config.json").is_file():
+        raise EvaluateError(f"{what} {str(p)!r} has no config.json (not a checkpoint directory)")
+    return p
+
+
+def declares_remote_code(model_dir: Path) -> bool:
+    """A checkpoint whose config.json names remote code (``auto_map``): speculators' own
+    generator loads such a target with ``trust_remote_code=True``; so do we, and only then."""
+    try:
+        data = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data.get("auto_map"), dict) and bool(data["auto_map"])
+
+
+def _text_config(model_dir: Path, trust: bool) -> Any:
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(str(model_dir), trust_remote_code=trust)
+    return getattr(cfg, "text_config", None) or cfg
+
+
+def load_prompts(path: str | os.PathLike[str] | None, tokenizer: Any, limit: int | None = None) -> list[list[int]]:
+    """Token ids of each prompt.  ``.jsonl``: one object per line with ``prompt_token_ids``,
+    ``prompt`` (raw text), or ``messages`` / ``conversations`` (chat; the turns up to the first
+    assistant turn, rendered with the tokenizer's chat template).  Other files: one raw-text
+    prompt per non-empty line."""
+    p = Path(path) if path else EVAL_PROMPTS
+    if not p.is_file():
+        raise EvaluateError(f"prompts file {str(p)!r} not found")
+    out: list[list[int]] = []
+    lines = p.read_text().splitlines()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if p.suffix == ".jsonl":
+            try:
+                obj = json.loads(line)
+            except ValueError as exc:
+                raise EvaluateError(f"{p}:{n}: not JSON: {exc}") from None
+            out.append(_prompt_ids(obj, tokenizer, f"{p}:{n}"))
+        else:
+            out.append(list(tokenizer(line, add_special_tokens=True)["input_ids"]))
+        if limit is not None and len(out) >= limit:
+            break
+    if not out:
+        raise EvaluateError(f"prompts file {str(p)!r} holds no prompt")
+    return out
+
+
+def _prompt_ids(obj: Any, tokenizer: Any, where: str) -> list[int]:
+    if not isinstance(obj, dict):
+        raise EvaluateError(f"{where}: expected a JSON object")
+    if "prompt_token_ids" in obj:
+        ids = obj["prompt_token_ids"]
+        if not (isinstance(ids, list) and ids and all(isinstance(i, int) and i >= 0 for i in ids)):
+            raise EvaluateError(f"{where}: prompt_token_ids must be a non-empty list of non-negative ints")
+        return ids
+    if isinstance(obj.get("prompt"), str):
+        return list(tokenizer(obj["prompt"], add_special_tokens=True)["input_ids"])
+    turns = obj.get("messages", obj.get("conversations"))
+    if isinstance(turns, list) and turns:
+        upto = []
+        for t in turns:
+            if not isinstance(t, dict) or "role" not in t:
+                raise EvaluateError(f"{where}: each turn needs a role and content")
+            if t["role"] == "assistant":
+                break
+            upto.append({"role": t["role"], "content": t.get("content", "")})
+        if not upto:
+            raise EvaluateError(f"{where}: the conversation starts with an assistant turn")
+        return list(tokenizer.apply_chat_template(upto, add_generation_prompt=True, tokenize=True))
+    raise EvaluateError(f"{where}: needs prompt_token_ids, prompt or messages/conversations")
+
+
+def _engine_kwargs(target: Path, trust: bool, max_model_len: int, eager: bool, seed: int) -> dict[str, Any]:
+    from .selftest import prefer_non_mla
+
+    prefer_non_mla(_text_config(target, trust))
+    return dict(model=str(target), tokenizer=str(target), trust_remote_code=trust, max_model_len=max_model_len,
+                enforce_eager=eager, seed=seed, disable_log_stats=False)
+
+
+def _counters(llm: Any) -> dict[str, Any]:
+    got: dict[str, Any] = {}
+    for m in llm.get_metrics():
+        if m.name.startswith(_METRIC):
+            key = m.name[len(_METRIC):]
+            got[key] = list(m.values) if hasattr(m, "values") else m.value
+    return got
+
+
+def _shutdown(llm: Any) -> None:
+    engine = getattr(llm, "llm_engine", None)
+    core = getattr(engine, "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()
+    del llm
+    gc.collect()
+
+
+def _generate(kwargs: dict[str, Any], prompts: Sequence[Sequence[int]], max_tokens: int,
+              ignore_eos: bool) -> tuple[list[list[int]], dict[str, Any], dict[str, Any], float]:
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(**kwargs)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos)
+        before = _counters(llm)
+        t0 = time.perf_counter()
+        outs = llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+        seconds = time.perf_counter() - t0
+        after = _counters(llm)
+        return [list(o.outputs[0].token_ids) for o in outs], before, after, seconds
+    finally:
+        _shutdown(llm)
+
+
+def evaluate(target: str | os.PathLike[str], draft: str | os.PathLike[str], prompts: str | None = None,
+             k: int = 3, max_tokens: int = 64, max_model_len: int = 2048, limit: int | None = None,
+             eager: bool = True, seed: int = 0, ignore_eos: bool = True) -> EvalResult:
+    """Greedy outputs with and without the draft; lossless check and acceptance counters."""
+    import spec_compat  # noqa: F401  (registry applied in this process; the plugin does the engine's)
+
+    if k < 1:
+        raise EvaluateError(f"--k must be at least 1, got {k}")
+    if max_tokens < 1:
+        raise EvaluateError(f"--max-tokens must be at least 1, got {max_tokens}")
+    tdir = _check_model_dir(target, "target")
+    ddir = _check_model_dir(draft, "draft")
+    trust = declares_remote_code(tdir)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tdir), trust_remote_code=trust)
+    ids = load_prompts(prompts, tok, limit)
+    too_long = [i for i, p in enumerate(ids) if len(p) + max_tokens > max_model_len]
+    if too_long:
+        raise EvaluateError(f"{len(too_long)} prompts do not fit max_model_len {max_model_len} with "
+                            f"{max_tokens} new tokens (first: prompt {too_long[0]}, {len(ids[too_long[0]])} tokens)")
+    base_kw = _engine_kwargs(tdir, trust, max_model_len, eager, seed)
+    spec_kw = dict(base_kw, speculative_config={"method": "eagle3", "model": str(ddir),
+                                                "num_speculative_tokens": int(k)})
+    base, _, _, t_base = _generate(base_kw, ids, max_tokens, ignore_eos)
+    spec, before, after, t_spec = _generate(spec_kw, ids, max_tokens, ignore_eos)
+    return summarise(base, spec, before, after, k, {"no_spec": round(t_base, 3), "spec": round(t_spec, 3)})
+
+
+def summarise(base: list[list[int]], spec: list[list[int]], before: dict[str, Any], after: dict[str, Any],
+              k: int, seconds: dict[str, float] | None = None) -> EvalResult:
+    """Counters (after - before) and the lossless comparison as an :class:`EvalResult`."""
+    def delta(name: str) -> int:
+        return int(after.get(name, 0)) - int(before.get(name, 0))
+
+    drafts, draft_tokens, accepted = delta("num_drafts"), delta("num_draft_tokens"), delta("num_accepted_tokens")
+    pos_after = list(after.get("num_accepted_tokens_per_pos") or [0] * k)
+    pos_before = list(before.get("num_accepted_tokens_per_pos") or [0] * len(pos_after))
+    per_pos = [int(a) - int(b) for a, b in zip(pos_after, pos_before)]
+    mismatch = None
+    for i, (a, b) in enumerate(zip(base, spec)):
+        if a != b:
+            j = next((n for n, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            mismatch = {"prompt": i, "position": j}
+            break
+    return EvalResult(
+        lossless=mismatch is None and len(base) == len(spec),
+        drafts=drafts, draft_tokens=draft_tokens, accepted_tokens=accepted,
+        acceptance_rate=accepted / draft_tokens if draft_tokens else 0.0,
+        mean_acceptance_length=1.0 + accepted / drafts if drafts else 1.0,
+        per_position=[n / drafts if drafts else 0.0 for n in per_pos],
+        per_position_accepted=per_pos, k=k, prompts=len(base),
+        output_tokens=sum(len(s) for s in spec), first_mismatch=mismatch, seconds=seconds or {})
+
+
+def table(res: EvalResult) -> str:
+    pos = "  ".join(f"{i + 1}: {r:.3f} ({n})" for i, (r, n) in
+                    enumerate(zip(res.per_position, res.per_position_accepted)))
+    lossless = "yes (greedy outputs identical with and without the draft)" if res.lossless else \
+        f"NO - outputs differ (first at prompt {res.first_mismatch['prompt']}, token {res.first_mismatch['position']})" \
+        if res.first_mismatch else "NO"
+    rows = [
+        ("prompts", f"{res.prompts} ({res.output_tokens} output tokens), k = {res.k}"),
+        ("lossless", lossless),
+        ("drafts", str(res.drafts)),
+        ("draft tokens", str(res.draft_tokens)),
+        ("accepted tokens", str(res.accepted_tokens)),
+        ("acceptance rate", f"{res.acceptance_rate:.3f}"),
+        ("mean acceptance length", f"{res.mean_acceptance_length:.3f}"),
+        ("per position", pos),
+    ]
+    if res.seconds:
+        rows.append(("generate wall time (s)", ", ".join(f"{k} {v}" for k, v in res.seconds.items())))
+    return "\n".join(f"{a:<24}{b}" for a, b in rows)
+
+
+def regenerate_chats(target: str | os.PathLike[str], src: str | os.PathLike[str], dst: str | os.PathLike[str],
+                     max_tokens: int = 96, max_model_len: int = 2048, eager: bool = True, seed: int = 0) -> dict[str, int]:
+    """Rewrite every assistant turn of a chat jsonl (``conversations`` or ``messages``) with the
+    target's own greedy reply to the conversation so far (earlier turns already regenerated).
+    Writes ``dst`` (must not exist); returns counts."""
+    import spec_compat  # noqa: F401
+
+    tdir = _check_model_dir(target, "target")
+    src_p, dst_p = Path(src), Path(dst)
+    if not src_p.is_file():
+        raise EvaluateError(f"chat data {str(src_p)!r} not found")
+    if dst_p.exists():
+        raise EvaluateError(f"{str(dst_p)!r} exists: nothing is overwritten")
+    rows = []
+    for n, line in enumerate(src_p.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except ValueError as exc:
+                raise EvaluateError(f"{src_p}:{n}: not JSON: {exc}") from None
+    key = lambda r: "conversations" if "conversations" in r else "messages"  # noqa: E731
+    trust = declares_remote_code(tdir)
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
+
+    tok = AutoTokenizer.from_pretrained(str(tdir), trust_remote_code=trust)
+    llm = LLM(**dict(_engine_kwargs(tdir, trust, max_model_len, eager, seed), disable_log_stats=True))
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    turns = replies = tokens = 0
+    try:
+        depth = max((len(r.get(key(r), [])) for r in rows), default=0)
+        for i in range(depth):
+            todo = [r for r in rows if i < len(r.get(key(r), [])) and r[key(r)][i].get("role") == "assistant"]
+            if not todo:
+                continue
+            prompts = [tok.apply_chat_template([{"role": t["role"], "content": t["content"]} for t in r[key(r)][:i]],
+                                               add_generation_prompt=True, tokenize=True) for r in todo]
+            outs = llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+            for r, o in zip(todo, outs):
+                r[key(r)][i] = dict(r[key(r)][i], content=tok.decode(o.outputs[0].token_ids, skip_special_tokens=True))
+                tokens += len(o.outputs[0].token_ids)
+            turns += 1
+            replies += len(todo)
+    finally:
+        _shutdown(llm)
+    dst_p.parent.mkdir(parents=True, exist_ok=True)
+    dst_p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {"conversations": len(rows), "replies": replies, "tokens": tokens, "turn_rounds": turns}

@@ -282,7 +282,7 @@ def parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_evaluate)
 
     f = sub.add_parser("fixture", help="write a deterministic tiny checkpoint")
-    f.add_argument("name", help="fixture name: llama, kimi-k25")
+    f.add_argument("name", help="fixture name: llama, kimi-k25, deepseek-v3")
     f.add_argument("out_dir")
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--llama-4-scaling", action="store_true",

@@ -388,6 +388,24 @@ def training_targets_check(model_dir: str, data_dir: str, vocab_dir: str, total_
             "tokens": n}
 
 
+def save_untrained_draft(model_dir: str, vocab_dir: str, out: str, aux_layer_ids: list[int] | None,
+                         seed: int = 0) -> dict[str, Any]:
+    """A freshly initialised draft (speculators' own init, as training starts from) saved in
+    speculators' format: the untrained baseline of the serving tests."""
+    import spec_compat  # noqa: F401
+    import numpy as np
+    import torch
+
+    torch.manual_seed(seed)
+    d2t = torch.from_numpy(np.load(Path(vocab_dir) / "d2t.npy"))
+    t2d = torch.from_numpy(np.load(Path(vocab_dir) / "t2d.npy"))
+    draft = build_draft(Path(model_dir), d2t, t2d)
+    if aux_layer_ids is not None:
+        draft.config.eagle_aux_hidden_state_layer_ids = list(aux_layer_ids)
+    draft.save_pretrained(out)
+    return {"path": out}
+
+
 def _main(argv: list[str]) -> int:
     """``python -m spec_compat.demo STEP JSON``: one step of the demo in this process (for tests)."""
     step, kwargs = argv[0], json.loads(argv[1]) if len(argv) > 1 else {}
@@ -399,6 +417,8 @@ def _main(argv: list[str]) -> int:
         ds = _preprocess(Path(kwargs["model_dir"]), Path(kwargs.get("data") or DEMO_DATA), Path(kwargs["out"]),
                          int(kwargs.get("seq_len", 1024)))
         out = {"samples": len(ds), "tokens": int(sum(len(x) for x in ds["input_ids"]))}
+    elif step == "untrained":
+        out = save_untrained_draft(**kwargs)
     elif step == "targets":
         out = training_targets_check(**kwargs)
     elif step == "reload":

@@ -202,8 +202,9 @@ def evaluate(target: str | os.PathLike[str], draft: str | os.PathLike[str], prom
     base_kw = _engine_kwargs(tdir, trust, max_model_len, eager, seed)
     spec_kw = dict(base_kw, speculative_config={"method": "eagle3", "model": str(ddir),
                                                 "num_speculative_tokens": int(k)})
-    base, _, _, t_base = _generate(base_kw, ids, max_tokens, ignore_eos)
+    # speculative run first: a draft or engine that cannot serve fails before the reference run
     spec, before, after, t_spec = _generate(spec_kw, ids, max_tokens, ignore_eos)
+    base, _, _, t_base = _generate(base_kw, ids, max_tokens, ignore_eos)
     return summarise(base, spec, before, after, k, {"no_spec": round(t_base, 3), "spec": round(t_spec, 3)})
 
 

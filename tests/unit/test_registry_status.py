@@ -439,3 +439,21 @@ def test_resolve_pending_keeps_pending_when_import_fails(registry, make_patch, m
     assert rec.status is Status.PENDING
     assert "failed to import" in rec.reason and "no accelerator here" in rec.reason
     assert p.calls == []
+
+
+def test_guard_not_needed_leaves_target_untouched(registry, fake_module, make_patch):
+    """A guard may decide at import time that this process does not need the shim
+    (e.g. a CPU-only shim on a GPU platform): not-needed with its reason, nothing touched."""
+    from spec_compat.registry import NotNeeded
+
+    mod = fake_module(Thing=Thing)
+
+    def check(module):
+        raise NotNeeded("platform is 'cuda', not cpu")
+
+    p = make_patch(target_of(mod), check=check)
+    registry.apply(environ={"SPEC_COMPAT_STRICT": "1"})  # not an error, even in strict mode
+    assert registry.status(p.id) is Status.NOT_NEEDED
+    assert registry.records()[0].reason == "platform is 'cuda', not cpu"
+    assert p.calls == []
+    assert mod.Thing is Thing

@@ -1,0 +1,211 @@
+"""Serving: EAGLE-3 drafts run as speculators in the real engine of this cell.
+
+``spec-compat evaluate`` (a fresh process, default spawned engine core: the
+serving shims arrive through the vLLM plugin) serves a draft greedily with and
+without speculation; outputs must be identical and the acceptance counters
+consistent.  Drafts: the one the demo trained (``demo`` fixture) and freshly
+initialised ones (speculators' own init) as the untrained baseline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spec_compat import REGISTRY
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.engine
+
+#: serving patch -> fixture whose serving exposes its failure
+SERVING_EXPOSED_BY = {
+    "cpu-runner-speculative-config": "llama",
+    "cpu-runner-loads-drafter": "llama",
+    "cpu-draft-token-copy": "llama",
+    "cpu-rejection-sampler": "llama",
+    "cpu-eagle-padded-batch": "llama",
+    "eagle3-deepseek-allow-list": "deepseek-v3",
+    "eagle3-deepseek-aux-states": "deepseek-v3",
+    "eagle3-kimi-k25-aux-states": "kimi-k25",
+}
+CPU_ONLY = {"cpu-runner-speculative-config", "cpu-runner-loads-drafter", "cpu-draft-token-copy",
+            "cpu-rejection-sampler", "cpu-eagle-padded-batch"}
+
+
+def run_evaluate(target: Path, draft: Path, *extra: str, disable: str | None = None, timeout: int = 900):
+    env = {k: v for k, v in os.environ.items() if k != "SPEC_COMPAT_DISABLE"}
+    if disable:
+        env["SPEC_COMPAT_DISABLE"] = disable
+    proc = subprocess.run([sys.executable, "-m", "spec_compat", "evaluate", "--target", str(target),
+                           "--draft", str(draft), "--json", *extra], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=str(ROOT))
+    res = None
+    lines = proc.stdout.strip().splitlines()
+    if lines and lines[-1].startswith("{"):
+        res = json.loads(lines[-1])
+    return proc, res
+
+
+def assert_consistent(res: dict) -> None:
+    """The counters agree with each other (vLLM proposes k tokens per draft; a position is
+    accepted only after every earlier one)."""
+    k = res["k"]
+    assert res["drafts"] > 0
+    assert res["draft_tokens"] == res["drafts"] * k
+    assert len(res["per_position_accepted"]) == k
+    assert sum(res["per_position_accepted"]) == res["accepted_tokens"]
+    pos = res["per_position_accepted"]
+    assert all(a >= b for a, b in zip(pos, pos[1:])), pos
+    assert res["mean_acceptance_length"] == pytest.approx(1 + res["accepted_tokens"] / res["drafts"])
+    assert res["acceptance_rate"] == pytest.approx(res["accepted_tokens"] / res["draft_tokens"])
+
+
+def _save_identity_vocab(out: Path, vocab: int) -> Path:
+    import numpy as np
+
+    out.mkdir(parents=True, exist_ok=True)
+    np.save(out / "d2t.npy", np.zeros(vocab, dtype=np.int64))
+    np.save(out / "t2d.npy", np.ones(vocab, dtype=bool))
+    return out
+
+
+@pytest.fixture(scope="session")
+def untrained_draft(tmp_path_factory, fixture_dir):
+    """``untrained_draft(model, vocab_dir=None)``: speculators' freshly initialised EAGLE-3 draft
+    for a fixture (aux layers 1, 2, 3), saved in speculators' format."""
+    made: dict[tuple[str, str | None], Path] = {}
+
+    def get(model: str, vocab_dir: str | None = None) -> Path:
+        key = (model, vocab_dir)
+        if key not in made:
+            target = fixture_dir(model)
+            out = tmp_path_factory.mktemp(f"untrained-{model}")
+            vocab = vocab_dir or str(_save_identity_vocab(out / "vocab", 512))
+            args = {"model_dir": str(target), "vocab_dir": vocab, "out": str(out / "draft"), "aux_layer_ids": [1, 2, 3]}
+            proc = subprocess.run([sys.executable, "-m", "spec_compat.demo", "untrained", json.dumps(args)],
+                                  capture_output=True, text=True, timeout=600, cwd=str(ROOT))
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            made[key] = out / "draft"
+        return made[key]
+
+    return get
+
+
+def _needed(pid: str) -> bool:
+    return REGISTRY.get(pid).needed()[0]
+
+
+def _on_cpu() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("model", ["llama", "kimi-k25"])
+def test_demo_draft_serves_losslessly(demo, model):
+    ev = demo(model)["evaluation"]
+    assert ev["lossless"], ev
+    assert ev["prompts"] == 16 and ev["output_tokens"] == 16 * 64
+    assert_consistent(ev)
+
+
+def test_trained_draft_accepts_more_than_untrained(demo, untrained_draft):
+    """Same prompts, same engine settings, same vocabulary mapping: the draft the demo trained
+    on target-regenerated data accepts clearly more than speculators' fresh init."""
+    d = demo("llama")
+    trained = d["evaluation"]
+    base = untrained_draft("llama", d["vocab_dir"])
+    proc, untrained = run_evaluate(Path(d["model_dir"]), base)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert untrained["lossless"]
+    assert_consistent(untrained)
+    print(f"accepted: trained {trained['accepted_tokens']}/{trained['draft_tokens']} "
+          f"(mean acceptance length {trained['mean_acceptance_length']:.3f}), untrained "
+          f"{untrained['accepted_tokens']}/{untrained['draft_tokens']} ({untrained['mean_acceptance_length']:.3f})")
+    assert trained["draft_tokens"] >= 1000  # enough tokens for a stable rate
+    assert trained["acceptance_rate"] >= untrained["acceptance_rate"] + 0.05
+    assert trained["accepted_tokens"] >= 3 * max(1, untrained["accepted_tokens"])
+
+
+def test_deepseek_v3_target_serves_losslessly(fixture_dir, untrained_draft):
+    """S1: a plain DeepSeek-V3 target (DeepseekV3ForCausalLM) serves an EAGLE-3 draft."""
+    if not _needed("eagle3-deepseek-aux-states"):
+        pytest.skip("this vLLM serves EAGLE-3 for DeepSeek-V3 itself")
+    proc, res = run_evaluate(fixture_dir("deepseek-v3"), untrained_draft("deepseek-v3"), "--limit", "4",
+                             "--max-tokens", "24")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert res["lossless"]
+    assert_consistent(res)
+
+
+@pytest.mark.parametrize("pid", sorted(SERVING_EXPOSED_BY))
+def test_fails_with_only_this_serving_shim_disabled(fixture_dir, untrained_draft, pid):
+    if not _needed(pid):
+        pytest.skip(f"{pid} is not needed in this environment")
+    if pid in CPU_ONLY and not _on_cpu():
+        pytest.skip("a CPU-platform shim")
+    model = SERVING_EXPOSED_BY[pid]
+    target, draft = fixture_dir(model), untrained_draft(model)
+    proc, res = run_evaluate(target, draft, "--limit", "2", "--max-tokens", "16", disable=pid)
+    print(proc.stdout[-2000:], proc.stderr[-3000:])
+    assert proc.returncode != 0, f"evaluate passed with {pid} disabled: {res}"
+
+
+_SERVED_FEATURES = r"""
+import json, sys
+import torch
+import spec_compat
+from vllm import LLM, SamplingParams
+from vllm.v1.spec_decode.eagle import EagleProposer
+
+seen = []
+orig = EagleProposer.propose
+def propose(self, target_token_ids, target_positions, target_hidden_states, *a, **kw):
+    if not seen:
+        seen.append((target_token_ids.clone(), target_hidden_states.float().clone()))
+    return orig(self, target_token_ids, target_positions, target_hidden_states, *a, **kw)
+EagleProposer.propose = propose
+
+target, draft, sample = sys.argv[1:4]
+data = torch.load(sample, weights_only=True)
+ids = data["input_ids"].tolist()
+llm = LLM(model=target, enforce_eager=True, max_model_len=2048, seed=0,
+          speculative_config={"method": "eagle3", "model": draft, "num_speculative_tokens": 3})
+llm.generate([{"prompt_token_ids": ids}], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+tok, served = seen[0]
+n = min(len(ids), tok.shape[0])  # the first prefill chunk
+assert tok[:n].tolist() == ids[:n], "the drafter's first call is not the prompt's prefill"
+trained = [h.float() for h in data["hidden_states"]]
+width = trained[0].shape[-1]
+out = {"tokens": n, "features": served.shape[-1] // width}
+for name, layers in (("aligned", trained[:-1]), ("one_layer_later", trained[1:])):
+    ref = torch.cat(layers, dim=-1)[:n]
+    out[name] = float((served[:n] - ref).abs().max())
+out["scale"] = float(torch.cat(trained[:-1], dim=-1)[:n].abs().max())
+print("SPEC_COMPAT_RESULT " + json.dumps(out))
+"""
+
+
+def test_served_features_equal_training_features(demo, tmp_path):
+    """O6 end to end: the aux hidden states vLLM hands the draft at serve time are the features
+    the draft was trained on (speculators' captured layer outputs), token for token."""
+    d = demo("llama")
+    sample = sorted(Path(d["data_dir"]).glob("data_*.pt"))[0]
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")  # the drafter runs in this process
+    env.pop("SPEC_COMPAT_DISABLE", None)
+    proc = subprocess.run([sys.executable, "-c", _SERVED_FEATURES, d["model_dir"], d["draft_dir"], str(sample)],
+                          env=env, capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(next(ln for ln in proc.stdout.splitlines()
+                          if ln.startswith("SPEC_COMPAT_RESULT "))[len("SPEC_COMPAT_RESULT "):])
+    print(out)
+    assert out["features"] == 3 and out["tokens"] > 100
+    # same tokens, same engine dtype: equal up to batch-shape rounding; one layer off is far away
+    assert out["aligned"] <= 0.02 * out["scale"], out
+    assert out["one_layer_later"] >= 10 * max(out["aligned"], 1e-6), out

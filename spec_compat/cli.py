@@ -177,7 +177,11 @@ def cmd_fixture(args: argparse.Namespace) -> int:
     if args.name not in FIXTURES:
         print(f"spec-compat fixture: unknown fixture {args.name!r}; known: {', '.join(FIXTURES)}", file=sys.stderr)
         return 2
-    out = build(args.name, args.out_dir, seed=args.seed, llama_4_scaling=args.llama_4_scaling)
+    try:
+        out = build(args.name, args.out_dir, seed=args.seed, llama_4_scaling=args.llama_4_scaling, layers=args.layers)
+    except ValueError as exc:
+        print(f"spec-compat fixture: {exc}", file=sys.stderr)
+        return 2
     print(out)
     return 0
 
@@ -287,6 +291,7 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--llama-4-scaling", action="store_true",
                    help="kimi-k25 only: set text_config.llama_4_scaling (position-dependent query scaling)")
+    f.add_argument("--layers", type=int, default=None, help="llama only: decoder layers (default 4)")
     f.set_defaults(func=cmd_fixture)
     return p
 

@@ -110,8 +110,9 @@ def _preprocess(model_dir: Path, jsonl: Path, out: Path, seq_len: int) -> Any:
     return dataset
 
 
-def _extract(model_dir: Path, dataset: Any, data_dir: Path, layer_ids: list[int], seq_len: int,
+def _extract(model_dir: Path, dataset: Any, data_dir: Path, layer_ids: list[int] | None, seq_len: int,
              batch_size: int, train_data: Path = DEMO_DATA) -> tuple[int, int]:
+    """``layer_ids=None``: speculators' own choice ``[2, n//2, n-3, n-1]``."""
     import torch
     from speculators.data_generation.config_generator import DataGenerationConfig
     from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator

@@ -254,8 +254,8 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--model", default="llama", choices=["llama", "kimi-k25"], help="fixture to use (default llama)")
     d.add_argument("--out", default=None, help="output directory, must not hold earlier results "
                                                "(default ./spec-compat-demo/MODEL)")
-    d.add_argument("--epochs", type=int, default=6, help="training epochs (default 6)")
-    d.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
+    d.add_argument("--epochs", type=int, default=24, help="training epochs (default 24)")
+    d.add_argument("--lr", type=float, default=3e-3, help="learning rate (default 3e-3)")
     d.add_argument("--regenerate", action=argparse.BooleanOptionalAction, default=True,
                    help="rewrite the chats' assistant turns with the target (vLLM, greedy) before extraction, "
                         "so the draft learns the target's own distribution (default: on)")

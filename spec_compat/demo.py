@@ -235,8 +235,8 @@ def _train(model_dir: Path, data_dir: Path, d2t_path: Path, t2d_path: Path, save
         metrics.setLevel(level)
 
 
-def run_demo(model: str = "llama", out: str | os.PathLike[str] | None = None, epochs: int = 6,
-             seq_len: int = 1024, total_seq_len: int = 1024, draft_vocab: int = 256, lr: float = 1e-3,
+def run_demo(model: str = "llama", out: str | os.PathLike[str] | None = None, epochs: int = 24,
+             seq_len: int = 1024, total_seq_len: int = 1024, draft_vocab: int = 256, lr: float = 3e-3,
              batch_size: int = 16, data: str | os.PathLike[str] | None = None, regenerate: bool = True,
              evaluate: bool = True, k: int = 3) -> DemoResult:
     """Run the pipeline; returns what it produced and measured.  Raises on any failed step.

@@ -65,6 +65,19 @@ def _check_model_dir(path: str | os.PathLike[str], what: str) -> Path:
     return p
 
 
+def _check_eagle3_draft(draft: Path) -> None:
+    """An EAGLE-3 draft: speculators' format (``speculators_model_type: eagle3``) or a native
+    vLLM/HF one (an ``Eagle3`` architecture)."""
+    try:
+        cfg = json.loads((draft / "config.json").read_text())
+    except ValueError as exc:
+        raise EvaluateError(f"draft {str(draft)!r}: config.json is not JSON: {exc}") from None
+    archs = cfg.get("architectures") or []
+    if cfg.get("speculators_model_type") != "eagle3" and not any("eagle3" in str(a).lower() for a in archs):
+        raise EvaluateError(f"draft {str(draft)!r} is not an EAGLE-3 draft (speculators_model_type "
+                            f"{cfg.get('speculators_model_type')!r}, architectures {archs})")
+
+
 def declares_remote_code(model_dir: Path) -> bool:
     """A checkpoint whose config.json names remote code (``auto_map``): speculators' own
     generator loads such a target with ``trust_remote_code=True``; so do we, and only then."""
@@ -190,6 +203,7 @@ def evaluate(target: str | os.PathLike[str], draft: str | os.PathLike[str], prom
         raise EvaluateError(f"--max-tokens must be at least 1, got {max_tokens}")
     tdir = _check_model_dir(target, "target")
     ddir = _check_model_dir(draft, "draft")
+    _check_eagle3_draft(ddir)
     trust = declares_remote_code(tdir)
     from transformers import AutoTokenizer
 

@@ -39,6 +39,15 @@ def test_directory_without_config_is_refused(tmp_path, capsys):
     assert "config.json" in capsys.readouterr().err
 
 
+def test_a_target_passed_as_draft_is_refused(tmp_path, capsys):
+    for name, cfg in (("t", {"architectures": ["LlamaForCausalLM"]}), ("d", {"architectures": ["LlamaForCausalLM"]})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+    rc = main(["evaluate", "--target", str(tmp_path / "t"), "--draft", str(tmp_path / "d")])
+    assert rc == 2
+    assert "not an EAGLE-3 draft" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("k", ["0", "-1"])
 def test_k_must_be_positive(tmp_path, capsys, k):
     rc = main(["evaluate", "--target", str(tmp_path), "--draft", str(tmp_path), "--k", k])

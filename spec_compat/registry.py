@@ -281,6 +281,10 @@ class Registry:
             self._set(patch, Status.TARGET_CHANGED, str(exc))
             self._maybe_raise(patch, strict)
             return
+        except AttributeError as exc:  # the guard reached for a member the target no longer has
+            self._set(patch, Status.TARGET_CHANGED, f"guard raised AttributeError: {exc}")
+            self._maybe_raise(patch, strict)
+            return
         except Exception as exc:
             self._set(patch, Status.FAILED, f"guard raised {type(exc).__name__}: {exc}")
             self._maybe_raise(patch, strict)
@@ -332,19 +336,42 @@ class Registry:
         rec = self._records.get(pid)
         return rec.status if rec else None
 
-    def resolve_pending(self, modules: Iterable[str] | None = None) -> None:
-        """Import the target modules of pending patches (inside a guard) so they resolve."""
+    def resolve_pending(self, modules: Iterable[str] | None = None,
+                        environ: Mapping[str, str] | None = None) -> None:
+        """Import the target modules of pending patches (inside a guard) so they resolve.
+
+        A target module that does not exist while its package does (moved or removed
+        upstream) makes its pending patches ``target-changed`` (strict mode raises); any
+        other import failure (e.g. a missing dependency) leaves them pending with the reason."""
+        strict = switches.strict(environ)
         names = modules or sorted({p.target_module for p in self._patches.values()
                                    if self.status(p.id) is Status.PENDING})
         for name in names:
             try:
                 importlib.import_module(name)
             except Exception as exc:
+                gone = _module_gone(name, exc)
                 with self._lock:
                     for patch in self._patches.values():
                         if patch.target_module == name and self.status(patch.id) is Status.PENDING:
-                            self._set(patch, Status.PENDING,
-                                      f"target module {name} failed to import: {type(exc).__name__}: {exc}")
+                            if gone:
+                                self._set(patch, Status.TARGET_CHANGED,
+                                          f"target module {name} does not exist ({type(exc).__name__}: {exc}) "
+                                          f"although {name.split('.')[0]} is installed: moved or removed upstream")
+                                self._maybe_raise(patch, strict)
+                            else:
+                                self._set(patch, Status.PENDING,
+                                          f"target module {name} failed to import: {type(exc).__name__}: {exc}")
+
+
+def _module_gone(name: str, exc: BaseException) -> bool:
+    """Whether importing ``name`` failed because ``name`` itself, or one of its parent packages
+    below the top-level one, does not exist in a package that was imported."""
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    if not missing or "." not in missing or not (name == missing or name.startswith(missing + ".")):
+        return False
+    parent = sys.modules.get(missing.rpartition(".")[0])
+    return parent is not None and hasattr(parent, "__path__")
 
 
 REGISTRY = Registry()

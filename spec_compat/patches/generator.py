@@ -288,7 +288,7 @@ class RowsByRequestId(Patch):
         g.has_attrs(g.attr(module, "Scheduler"), "Scheduler", "add_request")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ..shims.capture import RowCountError, assemble_in_order, find_payload
+        from ..shims.capture import RowCountError, find_payload
 
         def add_request(wrapped: Any, sched: Any, args: tuple, kwargs: dict) -> Any:
             req = args[0] if args else kwargs["request"]
@@ -313,7 +313,7 @@ class RowsByRequestId(Patch):
             for i, reply in enumerate(replies):
                 payload = find_payload(reply)
                 if payload is not None:
-                    layers = assemble_in_order(payload, order)
+                    layers = _assemble(payload, order)
                     if isinstance(result, list):
                         return [layers if j == i else r for j, r in enumerate(replies)]
                     return layers
@@ -326,6 +326,18 @@ class RowsByRequestId(Patch):
 
         bindings.wrap_method(changes, module, "Scheduler", "add_request", add_request)
         bindings.wrap_method(changes, module, "MultiprocExecutor", "collective_rpc", collective_rpc)
+
+
+def _assemble(payload: Any, order: list[tuple[str, int]]) -> list[Any]:
+    """Per-request rows from the worker in input order: tensors (pickled reply) or a
+    shared-memory descriptor (patch capture-handoff-shm), read straight into the output."""
+    from ..shims.capture import assemble_in_order
+
+    if type(payload).__name__ == "HandoffDescriptor":
+        from ..shims.handoff import materialize
+
+        return materialize(payload, order)
+    return assemble_in_order(payload, order)
 
 
 def _generator_source(module: ModuleType) -> str:

@@ -198,3 +198,79 @@ class CapturePerRequest(Patch):
                          ("_reset_capture", _reset_capture),
                          ("_get_captured_states", _get_captured_states)):
             changes.setattr(ext, name, fn)
+
+
+@register
+class CaptureHandoffShm(Patch):
+    """speculators 0.3.0 returns the captured tensors through ``collective_rpc``
+    (custom_worker:95), pickled by vLLM's message queue - several full copies of
+    every captured byte, the extraction bottleneck upstream (speculators PR #322).
+    Rows now go into /dev/shm segments as they are captured; the reply is a descriptor."""
+
+    id = "capture-handoff-shm"
+    summary = ("captured rows streamed into shared-memory segments per layer as they are computed; the worker "
+               "returns a descriptor and the driver reads the rows straight into its output (no pickled payload)")
+    upstream = "speculators 0.3.0 custom_worker:95 returns tensors through collective_rpc (pickled; PR #322)"
+    target = f"{CW}:HiddenStatesWorkerExtension"
+    requires = {"speculators": SPEC_03}
+    side = "worker"
+
+    def check(self, module: ModuleType) -> None:
+        g.has_attrs(g.attr(module, "HiddenStatesWorkerExtension"), "HiddenStatesWorkerExtension",
+                    *CapturePerRequest._METHODS)
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        from ..shims.capture import BY_REQUEST
+        from ..shims.handoff import SegmentedCapture
+
+        from ..shims.capture import PerRequestStore
+
+        ext = module.HiddenStatesWorkerExtension
+        orig_setup = ext._setup_hidden_states_capture
+        orig_reset = ext._reset_capture
+        orig_get = ext._get_captured_states
+
+        def _fresh_store(self: Any) -> None:
+            old = self.__dict__.get("_spec_compat_store")
+            if isinstance(old, SegmentedCapture):
+                old.discard()  # segments of an abandoned call: unlinked, not leaked
+            elif not isinstance(old, PerRequestStore):
+                return  # capture-per-request is off: rows are not keyed by request, nothing to hand over
+            # "shm" also for CUDA tensors: one device-to-host copy into shared memory (the driver
+            # keeps the rows on the host, as speculators does)
+            self._spec_compat_store = SegmentedCapture(mode="shm")
+
+        def _setup_hidden_states_capture(self: Any, layer_ids: list[int]) -> Any:
+            out = orig_setup(self, layer_ids)
+            _fresh_store(self)
+            return out
+
+        def _reset_capture(self: Any) -> Any:
+            out = orig_reset(self)
+            _fresh_store(self)
+            return out
+
+        def _get_captured_states(self: Any) -> Any:
+            store = self.__dict__.get("_spec_compat_store")
+            if not isinstance(store, SegmentedCapture):
+                return orig_get(self)
+            self._captured_states = None
+            descriptor = store.finish()
+            self._spec_compat_store = SegmentedCapture(mode="shm")
+            return None if descriptor is None else {BY_REQUEST: descriptor}
+
+        def _spec_compat_layer_writer(self: Any) -> Any:
+            """A writer for this forward's captured layers, one ``add`` per layer (P5:
+            no per-step list, no clone); None outside a scheduled step."""
+            store = self.__dict__.get("_spec_compat_store")
+            if not isinstance(store, SegmentedCapture):
+                return None
+            store._abort_writer()  # a forward that raised half-way committed no rows
+            batch = self.model_runner.input_batch
+            return store.forward(batch.req_ids[: batch.num_reqs])
+
+        for name, fn in (("_setup_hidden_states_capture", _setup_hidden_states_capture),
+                         ("_reset_capture", _reset_capture),
+                         ("_get_captured_states", _get_captured_states),
+                         ("_spec_compat_layer_writer", _spec_compat_layer_writer)):
+            changes.setattr(ext, name, fn)

@@ -50,11 +50,24 @@ def hook_layers(extension: Any, stack: Any, layer_ids: Iterable[int]) -> list[An
     chosen = sorted({i for i in layer_ids if start <= i < end})
     if not chosen:
         return []
-    last = chosen[-1]
+    first, last = chosen[0], chosen[-1]
     pending: list[Any] = []
+    # a streaming store (patch capture-handoff-shm) takes each layer as it is computed:
+    # no per-forward list of layer states (P5)
+    open_writer = getattr(extension, "_spec_compat_layer_writer", None)
+    writer: list[Any] = [None]
 
     def make_hook(i: int) -> Any:
         def hook(_module: Any, _args: Any, out: Any) -> None:
+            if open_writer is not None:
+                if i == first:
+                    writer[0] = open_writer()  # None: no streaming store this forward
+                if writer[0] is not None:
+                    writer[0].add(layer_output_state(out))
+                    if i == last:
+                        w, writer[0] = writer[0], None
+                        w.close()
+                    return
             pending.append(layer_output_state(out))
             if i == last:
                 states = list(pending)

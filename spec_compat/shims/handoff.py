@@ -199,9 +199,9 @@ class SegmentedCapture:
 
     def __init__(self, segment_bytes: int = DEFAULT_SEGMENT_BYTES, mode: str = "auto") -> None:
         if mode not in ("auto", "shm", "cuda"):
-            raise ValueError(f"mode must be 'auto', 'shm' or 'cuda', not {mode!r}")
+            raise ValueError(f"spec_compat[capture-handoff-shm]: mode must be 'auto', 'shm' or 'cuda', not {mode!r}")
         if segment_bytes <= 0:
-            raise ValueError("segment_bytes must be positive")
+            raise ValueError("spec_compat[capture-handoff-shm]: segment_bytes must be positive")
         self.segment_bytes = int(segment_bytes)
         self.mode = mode
         self.step_tokens: dict[str, int] | None = None
@@ -267,7 +267,7 @@ class SegmentedCapture:
 
     def rows_writer(self, slices: Sequence[tuple[str, int]]) -> LayerWriter:
         if self._writer_open:
-            raise HandoffError("spec_compat[handoff]: the previous forward's writer was not closed")
+            raise HandoffError("spec_compat[capture-handoff-shm]: the previous forward's writer was not closed")
         self._writer_open = True
         self._mark = len(self._blocks)
         return LayerWriter(self, [(rid, int(c)) for rid, c in slices])
@@ -289,22 +289,22 @@ class SegmentedCapture:
         n = writer.rows
         if h.dim() != 2 or int(h.shape[0]) < n:
             raise RowCountError(
-                f"spec_compat[handoff]: step scheduled {n} tokens for {len(writer.slices)} requests "
+                f"spec_compat[capture-handoff-shm]: step scheduled {n} tokens for {len(writer.slices)} requests "
                 f"but the forward produced {tuple(h.shape)} for layer {writer.layers}"
             )
         if self._kind is None:
             kind = "cuda" if self.mode == "cuda" or (self.mode == "auto" and h.is_cuda) else "shm"
             if kind == "cuda" and not h.is_cuda:
-                raise HandoffError("spec_compat[handoff]: mode 'cuda' needs CUDA tensors")
+                raise HandoffError("spec_compat[capture-handoff-shm]: mode 'cuda' needs CUDA tensors")
             self._kind, self._dtype, self._device, self._hidden = kind, h.dtype, h.device, int(h.shape[1])
         elif (h.dtype, int(h.shape[1]), h.device) != (self._dtype, self._hidden, self._device):
             raise HandoffError(
-                "spec_compat[handoff]: dtype / hidden size / device changed between layers or "
+                "spec_compat[capture-handoff-shm]: dtype / hidden size / device changed between layers or "
                 f"steps: {(h.dtype, int(h.shape[1]), h.device)} after "
                 f"{(self._dtype, self._hidden, self._device)}"
             )
         if self._num_layers and writer.layers >= self._num_layers:
-            raise HandoffError(f"spec_compat[handoff]: more than {self._num_layers} layers in a forward")
+            raise HandoffError(f"spec_compat[capture-handoff-shm]: more than {self._num_layers} layers in a forward")
         if n:
             row_bytes = self._hidden * self._dtype.itemsize
             later = max(self._num_layers - writer.layers - 1, 0) * n * row_bytes
@@ -319,7 +319,7 @@ class SegmentedCapture:
             self._num_layers = writer.layers
         elif writer.layers != self._num_layers:
             self._abort_writer()
-            raise HandoffError(f"spec_compat[handoff]: a forward captured {writer.layers} layers, "
+            raise HandoffError(f"spec_compat[capture-handoff-shm]: a forward captured {writer.layers} layers, "
                                f"earlier ones {self._num_layers}")
         start = self._rows
         for rid, c in writer.slices:
@@ -392,7 +392,7 @@ class SegmentedCapture:
         except OSError as e:
             self.discard()
             raise HandoffError(
-                f"spec_compat[handoff]: cannot write captured states to shared memory ({e}); "
+                f"spec_compat[capture-handoff-shm]: cannot write captured states to shared memory ({e}); "
                 "/dev/shm is too small for the capture (e.g. docker --shm-size / --ipc=host)"
             ) from e
 
@@ -459,7 +459,7 @@ def _check_rows(descriptor: HandoffDescriptor | None, order: Sequence[tuple[str,
         if wrong:
             parts.append("row count != prompt length for " + ", ".join(
                 f"{rid}: {got} != {n}" for rid, n, got in wrong[:5]))
-        raise RowCountError("spec_compat[handoff]: " + "; ".join(parts))
+        raise RowCountError("spec_compat[capture-handoff-shm]: " + "; ".join(parts))
 
 
 def _runs(descriptor: HandoffDescriptor, order: Sequence[tuple[str, int]]) -> list[tuple[int, int, int]]:
@@ -548,7 +548,7 @@ def _materialize_shm(descriptor: HandoffDescriptor, order: Sequence[tuple[str, i
         try:
             shared_memory.SharedMemory(name=name).close()
         except FileNotFoundError as e:
-            raise HandoffError(f"spec_compat[handoff]: shared-memory segment {name} is gone "
+            raise HandoffError(f"spec_compat[capture-handoff-shm]: shared-memory segment {name} is gone "
                                "(already materialized or discarded?)") from e
     def read(index: int) -> None:
         name = names[index]
@@ -561,7 +561,7 @@ def _materialize_shm(descriptor: HandoffDescriptor, order: Sequence[tuple[str, i
                     while view:  # straight from the segment into the output, no mapping
                         got = os.preadv(fd, [view], offset)
                         if got <= 0:
-                            raise HandoffError(f"spec_compat[handoff]: segment {name} is short")
+                            raise HandoffError(f"spec_compat[capture-handoff-shm]: segment {name} is short")
                         view, offset = view[got:], offset + got
                 else:  # pragma: no cover
                     view[:] = shm.buf[offset:offset + len(view)]

@@ -1,0 +1,219 @@
+"""P2 / P3: throughput of hidden-state extraction against plain vLLM prefill of the same tokens.
+
+Variants (each runs in its own process with its own engine; the parent alternates them so that
+drift of this noisy machine hits every variant alike):
+
+* ``plain``    - ``vllm.LLM(..., enforce_eager=True)``, ``generate(prompt_token_ids, max_tokens=1)``
+                 with the generator's engine settings (block 16, 32 sequences, 8192 batched tokens,
+                 prefix caching off): prefill of the same token ids, nothing captured.
+* ``capture``  - speculators' ``VllmHiddenStatesGenerator.generate`` under spec-compat (the python
+                 of the cell given by ``--python``; speculators 0.3.0 in the default cell).
+* ``native04`` - the same call in a speculators 0.4.0.1 cell (``--python-04``): its own generator,
+                 with only the patches that cell needs (P3).
+
+usage:
+    python benchmarks/capture_overhead.py [--model llama|kimi-k25|wide] [--seqs 64] [--len 512]
+        [--repeats 3] [--rounds 2] [--python PY] [--python-04 PY] [--json OUT]
+
+Prints tokens/s per variant (min / median / max over every timed repeat) and the ratios
+capture/plain (P2, goal >= 0.95) and capture/native04 (P3, goal >= 1.0).  Engine start-up
+and one warm-up call are excluded from the timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINE = dict(block_size=16, max_num_seqs=32, max_num_batched_tokens=8192)
+
+#: hidden 7168 (Kimi-K2.5's width), 2 layers; a small MLP keeps the CPU run short, which makes
+#: capture a larger share of the step than on the real model (the harder case for P2)
+WIDE = dict(vocab_size=512, hidden_size=7168, intermediate_size=2048, num_hidden_layers=2,
+            num_attention_heads=56, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,
+            rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False)
+
+
+def build_model(name: str, out: Path) -> Path:
+    if name != "wide":
+        from spec_compat.fixtures import build
+
+        return build(name, out)
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from spec_compat.fixtures.llama import SPECIALS, LLAMA_CHAT_TEMPLATE
+    from spec_compat.fixtures.tokenizer import byte_level_tokenizer
+
+    out.mkdir(parents=True, exist_ok=True)
+    tok = byte_level_tokenizer(SPECIALS, LLAMA_CHAT_TEMPLATE, bos="<|begin_of_text|>", eos="<|eot_id|>", out_dir=out)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**WIDE, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.eos_token_id, torch_dtype="bfloat16")
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02)
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def token_ids(seqs: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    import random
+
+    rng = random.Random(seed)
+    # a shared 64-token prefix on every other sequence (prefix caching is off in both variants)
+    prefix = [rng.randrange(4, vocab) for _ in range(64)]
+    out = []
+    for i in range(seqs):
+        body = [rng.randrange(4, vocab) for _ in range(length)]
+        out.append((prefix + body)[:length] if i % 2 else body)
+    return out
+
+
+# ---------------------------------------------------------------- child process
+
+
+def child(variant: str, model: str, ids_file: str, repeats: int, max_model_len: int) -> None:
+    ids = json.loads(Path(ids_file).read_text())
+    tokens = sum(len(s) for s in ids)
+    if variant == "plain":
+        from vllm import LLM, SamplingParams
+
+        llm = LLM(model=model, enforce_eager=True, max_model_len=max_model_len, enable_prefix_caching=False,
+                  dtype="auto", trust_remote_code=True, **ENGINE)
+        params = SamplingParams(max_tokens=1, temperature=0.0)
+        prompts = [{"prompt_token_ids": s} for s in ids]
+
+        def call() -> None:
+            out = llm.generate(prompts, params, use_tqdm=False)
+            assert len(out) == len(ids)
+    else:
+        import spec_compat  # noqa: F401  (before speculators)
+        from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
+
+        gen = VllmHiddenStatesGenerator(model, max_model_len=max_model_len)
+
+        def call() -> None:
+            out = gen.generate(ids)
+            rows = sum(int(r["hidden_states"][0].shape[0]) for r in out)
+            assert rows == tokens, (rows, tokens)
+
+    call()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t)
+    # the parent kills this process group once it has the line (engine teardown is not measured)
+    print("SPEC_COMPAT_RESULT " + json.dumps({"variant": variant, "tokens": tokens, "seconds": times}), flush=True)
+    time.sleep(600)
+
+
+# ---------------------------------------------------------------- parent
+
+
+def run_child(py: str, variant: str, model: Path, ids_file: Path, repeats: int, max_model_len: int) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    env.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    env.setdefault("VLLM_MLA_DISABLE", "1")  # the CPU platform has no MLA backend (Kimi fixture)
+    # own session: the engine's helper processes are killed with the child (they keep the pipes open)
+    errlog = ids_file.parent / f"{variant}.stderr"
+    with open(errlog, "w") as errf:
+        proc = subprocess.Popen([py, __file__, "--child", variant, str(model), str(ids_file), str(repeats),
+                                 str(max_model_len)], env=env, stdout=subprocess.PIPE, stderr=errf,
+                                text=True, start_new_session=True)
+    line = None
+    try:
+        for ln in proc.stdout:  # type: ignore[union-attr]
+            if ln.startswith("SPEC_COMPAT_RESULT "):
+                line = ln
+                break
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    err = errlog.read_text() if line is None else ""
+    if line is None:
+        raise SystemExit(f"{variant} failed (exit {proc.returncode}):\n{err[-3000:]}")
+    return json.loads(line[len("SPEC_COMPAT_RESULT "):])
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="llama", choices=["llama", "kimi-k25", "wide"])
+    ap.add_argument("--seqs", type=int, default=64)
+    ap.add_argument("--len", type=int, default=512, dest="length")
+    ap.add_argument("--repeats", type=int, default=3, help="timed calls per engine")
+    ap.add_argument("--rounds", type=int, default=2, help="engine starts per variant (alternating)")
+    ap.add_argument("--python", default=sys.executable, help="python of the spec-compat cell (capture, plain)")
+    ap.add_argument("--python-04", default=None, help="python of a speculators 0.4.0.1 cell (native04, P3)")
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="spec-compat-bench-") as tmp:
+        build = subprocess.run([args.python, "-c", "import sys; sys.path.insert(0, sys.argv[3]);"
+                                "from benchmarks.capture_overhead import build_model; from pathlib import Path;"
+                                "build_model(sys.argv[1], Path(sys.argv[2]))", args.model, f"{tmp}/model", str(ROOT)],
+                               capture_output=True, text=True)
+        if build.returncode != 0:
+            raise SystemExit(build.stderr[-3000:])
+        model = Path(tmp) / "model"
+        vocab = json.loads((model / "config.json").read_text()).get("vocab_size") or \
+            json.loads((model / "config.json").read_text())["text_config"]["vocab_size"]
+        ids = token_ids(args.seqs, args.length, vocab)
+        ids_file = Path(tmp) / "ids.json"
+        ids_file.write_text(json.dumps(ids))
+        max_model_len = args.length + 8
+
+        variants = [("plain", args.python), ("capture", args.python)]
+        if args.python_04:
+            variants.append(("native04", args.python_04))
+        seconds: dict[str, list[float]] = {v: [] for v, _ in variants}
+        tokens = 0
+        for r in range(args.rounds):
+            order = variants if r % 2 == 0 else variants[::-1]
+            for variant, py in order:
+                res = run_child(py, variant, model, ids_file, args.repeats, max_model_len)
+                seconds[variant].extend(res["seconds"])
+                tokens = res["tokens"]
+                print(f"round {r + 1} {variant:9s} " + " ".join(f"{tokens / s:9.0f}" for s in res["seconds"])
+                      + " tok/s", file=sys.stderr, flush=True)
+
+    def tps(v: str) -> list[float]:
+        return sorted(tokens / s for s in seconds[v])
+
+    summary = {v: {"min": tps(v)[0], "median": statistics.median(tps(v)), "max": tps(v)[-1], "n": len(tps(v))}
+               for v in seconds}
+    ratios = {"P2 capture/plain": summary["capture"]["median"] / summary["plain"]["median"]}
+    if "native04" in summary:
+        ratios["P3 capture/native04"] = summary["capture"]["median"] / summary["native04"]["median"]
+    print(f"model {args.model}: {args.seqs} x {args.length} tokens ({tokens}), {args.rounds} rounds x {args.repeats} calls")
+    for v, s in summary.items():
+        print(f"  {v:9s} tok/s min {s['min']:9.0f}  median {s['median']:9.0f}  max {s['max']:9.0f}  (n={s['n']})")
+    for k, v in ratios.items():
+        print(f"  {k}: {v:.3f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"model": args.model, "seqs": args.seqs, "len": args.length,
+                                               "tokens": tokens, "engine": ENGINE, "summary": summary,
+                                               "seconds": seconds, "ratios": ratios}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

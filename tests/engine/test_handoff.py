@@ -1,0 +1,97 @@
+"""``capture-handoff-shm`` on the real engine: the worker hands captured rows over through
+/dev/shm segments (a descriptor in the reply, not pickled tensors), the driver's rows are
+byte-identical to the pickled path's (the patch disabled), and no segment is left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spec_compat import REGISTRY
+
+pytestmark = pytest.mark.engine
+
+ROOT = Path(__file__).resolve().parents[2]
+LAYERS = [0, 1, 2, 3]
+
+#: runs the generator on the workloads and saves every result (one file per call)
+SCRIPT = r"""
+import json, sys, torch
+import spec_compat  # before speculators
+from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
+from spec_compat.selftest import workloads
+from spec_compat.testing import pinned_dtype
+from spec_compat.shims import handoff
+
+calls = []
+orig = handoff.materialize
+def counting(desc, order, *a, **k):
+    calls.append(len(order))
+    return orig(desc, order, *a, **k)
+handoff.materialize = counting
+
+model, out, names = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+with pinned_dtype("float32"):
+    gen = VllmHiddenStatesGenerator(model, layer_ids=json.loads(sys.argv[4]), max_model_len=2048)
+w = workloads(vocab=512, seed=0)
+n = 0
+for name in names:
+    for batch in w[name]:
+        res = gen.generate(batch)
+        torch.save([r["hidden_states"] for r in res], f"{out}/call_{n}.pt")
+        n += 1
+print("SPEC_COMPAT_RESULT " + json.dumps({"calls": n, "materialized": calls}), flush=True)
+gen.executor.shutdown()
+"""
+
+
+def _segments() -> set[str]:
+    from spec_compat.shims.handoff import segment_prefix
+
+    shm = Path("/dev/shm")
+    return {p.name for p in shm.iterdir() if p.name.startswith(segment_prefix())} if shm.is_dir() else set()
+
+
+def _extract(model: Path, out: Path, names: str, disable: str | None) -> dict:
+    out.mkdir(parents=True)
+    env = dict(os.environ)
+    env.pop("SPEC_COMPAT_DISABLE", None)
+    if disable:
+        env["SPEC_COMPAT_DISABLE"] = disable
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(model), str(out), names, json.dumps(LAYERS)],
+                          env=env, capture_output=True, text=True, timeout=900, cwd=str(ROOT))
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("SPEC_COMPAT_RESULT ")), None)
+    assert proc.returncode == 0 and line, proc.stderr[-4000:]
+    return json.loads(line[len("SPEC_COMPAT_RESULT "):])
+
+
+def test_handoff_rows_equal_the_pickled_path(llama_dir, tmp_path):
+    if not REGISTRY.get("capture-handoff-shm").needed()[0]:
+        pytest.skip("capture-handoff-shm is not needed with these versions (speculators 0.3.x only)")
+    import torch
+
+    names = "chunked-8x2000,batch-43-shared-prefixes,consecutive-calls"
+    before = _segments()
+    shm = _extract(llama_dir, tmp_path / "shm", names, disable=None)
+    pickled = _extract(llama_dir, tmp_path / "pickled", names, disable="capture-handoff-shm")
+    # the hand-off path was taken for every call, and only with the patch on
+    assert shm["calls"] == pickled["calls"] == 4
+    assert len(shm["materialized"]) == 4 and pickled["materialized"] == []
+    rows = 0
+    for i in range(shm["calls"]):
+        a = torch.load(tmp_path / "shm" / f"call_{i}.pt", weights_only=True)
+        b = torch.load(tmp_path / "pickled" / f"call_{i}.pt", weights_only=True)
+        assert len(a) == len(b)
+        for seq_a, seq_b in zip(a, b):
+            assert len(seq_a) == len(seq_b) == len(LAYERS)
+            for ha, hb in zip(seq_a, seq_b):
+                assert ha.dtype == hb.dtype and ha.shape == hb.shape
+                assert torch.equal(ha.view(torch.uint8), hb.view(torch.uint8))  # byte-identical
+                rows += ha.shape[0]
+    assert rows > 8 * 1950 * len(LAYERS)
+    assert _segments() - before == set(), "shared-memory segments left in /dev/shm"

@@ -56,4 +56,4 @@ def _configure_log_level() -> None:
 
 
 _configure_log_level()
-apply()
+REGISTRY.apply(records=False)

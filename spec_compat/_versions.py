@@ -9,13 +9,31 @@ Versions are compared on their release part: ``0.16.1.dev3+gabc`` and
 from __future__ import annotations
 
 import logging
+import re
 from functools import lru_cache
-from importlib import metadata
+from typing import TYPE_CHECKING, Any
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
+if TYPE_CHECKING:  # pragma: no cover
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
 
 log = logging.getLogger("spec_compat")
+
+# importlib.metadata and packaging are imported on first use (not by `import spec_compat`);
+# tests may replace this module's `metadata`
+metadata: Any = None
+
+
+def _metadata() -> Any:
+    global metadata
+    if metadata is None:
+        from importlib import metadata as md
+
+        metadata = md
+    return metadata
+
+#: one clause of a PEP 440 version specifier (checked cheaply at registration, parsed fully on use)
+_CLAUSE = re.compile(r"^\s*(===|==|!=|~=|<=|>=|<|>)\s*[0-9][0-9A-Za-z.*+!_-]*\s*$")
 
 #: distributions a patch may key its range on
 TRACKED = ("speculators", "vllm", "transformers", "torch")
@@ -30,9 +48,10 @@ PROVIDERS: dict[str, tuple[str, ...]] = {
 
 
 def _dist_version(dist: str) -> str | None:
+    md = _metadata()
     try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
+        return md.version(dist)
+    except md.PackageNotFoundError:
         return None
     except Exception as exc:  # broken metadata must not break the host
         log.debug("spec_compat: cannot read version of %s: %s", dist, exc)
@@ -80,13 +99,23 @@ def installed_versions() -> dict[str, str | None]:
 
 def release_of(version: str) -> Version | None:
     """Comparable release: dev, pre, post and local parts are dropped."""
+    from packaging.version import InvalidVersion, Version
+
     try:
         return Version(Version(version).base_version)
     except InvalidVersion:
         return None
 
 
+def check_spec(spec: str) -> None:
+    """Cheap syntax check of a version range (no packaging import): ValueError if malformed."""
+    if not isinstance(spec, str) or not all(_CLAUSE.match(c) for c in spec.split(",")):
+        raise ValueError(f"invalid version range {spec!r}")
+
+
 def parse_spec(spec: str) -> SpecifierSet:
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
     try:
         return SpecifierSet(spec)
     except InvalidSpecifier as exc:

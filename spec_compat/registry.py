@@ -191,6 +191,8 @@ class Registry:
         self._records: dict[str, Record] = {}
         self._changes: dict[str, Changes] = {}
         self._hooked: set[tuple[int, str]] = set()
+        #: pending patches whose version ranges are not read yet -> the disabled ids of that apply()
+        self._undecided: dict[str, set[str] | frozenset[str]] = {}
         self._generation = 0
         self._lock = threading.RLock()
 
@@ -204,11 +206,11 @@ class Registry:
         for attr in ("summary", "upstream", "target"):
             if not getattr(cls, attr, None):
                 raise ValueError(f"patch {pid}: missing {attr}")
-        from ._versions import parse_spec
+        from ._versions import check_spec
 
         for combo in cls.alternatives():
             for spec in combo.values():
-                parse_spec(spec)
+                check_spec(spec)
         self._patches[pid] = cls()
         return cls
 
@@ -219,8 +221,11 @@ class Registry:
         return self._patches[pid]
 
     # -- application -------------------------------------------------------
-    def apply(self, environ: Mapping[str, str] | None = None) -> list[Record]:
-        """Decide every patch; install those whose target is imported, hook the rest."""
+    def apply(self, environ: Mapping[str, str] | None = None, *, records: bool = True) -> list[Record]:
+        """Decide every patch; install those whose target is imported, hook the rest.
+
+        ``records=False`` (``import spec_compat``) returns nothing and leaves the version
+        ranges of not-yet-imported targets unread until a record is asked for."""
         disabled = switches.disabled_ids(self._patches, environ)
         strict = switches.strict(environ)
         with self._lock:
@@ -231,22 +236,35 @@ class Registry:
                 if patch.id in disabled:
                     self._set(patch, Status.DISABLED, "disabled by SPEC_COMPAT_DISABLE")
                     continue
-                needed, why = patch.needed()
-                if not needed:
-                    self._set(patch, Status.NOT_NEEDED, why)
-                    continue
-                by = [o.id for o in self._patches.values()
-                      if patch.id in o.supersedes and o.id not in disabled and o.needed()[0]]
-                if by:
-                    self._set(patch, Status.NOT_NEEDED, f"superseded by {', '.join(by)} ({why})")
-                    continue
                 mod = sys.modules.get(patch.target_module)
-                if mod is not None:
-                    self._install(patch, mod, strict)
-                else:
-                    self._set(patch, Status.PENDING, f"waiting for import of {patch.target_module} ({why})")
+                if mod is None:
+                    # decided when its target is imported or its record is read (versions are
+                    # read lazily: `import spec_compat` needs neither metadata nor packaging)
+                    self._undecided[patch.id] = disabled
+                    self._set(patch, Status.PENDING, f"waiting for import of {patch.target_module}")
                     self._hook(patch.target_module, strict)
-            return self.records()
+                elif self._decide(patch, disabled):
+                    self._install(patch, mod, strict)
+            return self.records() if records else []
+
+    def _decide(self, patch: Patch, disabled: set[str] | frozenset[str]) -> bool:
+        """Version ranges and supersession: False (record set to not-needed) or True."""
+        self._undecided.pop(patch.id, None)
+        needed, why = patch.needed()
+        if not needed:
+            self._set(patch, Status.NOT_NEEDED, why)
+            return False
+        by = [o.id for o in self._patches.values()
+              if patch.id in o.supersedes and o.id not in disabled and o.needed()[0]]
+        if by:
+            self._set(patch, Status.NOT_NEEDED, f"superseded by {', '.join(by)} ({why})")
+            return False
+        self._set(patch, Status.PENDING, f"waiting for import of {patch.target_module} ({why})")
+        return True
+
+    def _decide_all(self) -> None:
+        for pid, disabled in list(self._undecided.items()):
+            self._decide(self._patches[pid], disabled)
 
     def _hook(self, module_name: str, strict: bool) -> None:
         key = (self._generation, module_name)
@@ -262,11 +280,13 @@ class Registry:
                 for patch in self._patches.values():
                     rec = self._records.get(patch.id)
                     if patch.target_module == module_name and rec and rec.status is Status.PENDING:
+                        if patch.id in self._undecided and not self._decide(patch, self._undecided[patch.id]):
+                            continue
                         self._install(patch, module, strict)
 
-        import wrapt
+        from ._import_hooks import register_post_import_hook
 
-        wrapt.register_post_import_hook(on_import, module_name)
+        register_post_import_hook(on_import, module_name)
 
     def _install(self, patch: Patch, module: ModuleType, strict: bool) -> None:
         attr = patch.target_attr
@@ -324,16 +344,20 @@ class Registry:
                 except Exception as exc:  # keep reverting the other patches
                     errors.append(exc)
             self._records.clear()
+            self._undecided.clear()
             if errors:
                 raise errors[0]
 
     # -- inspection --------------------------------------------------------
     def records(self) -> list[Record]:
         with self._lock:
+            self._decide_all()
             return [self._records[p] for p in self._patches if p in self._records]
 
     def status(self, pid: str) -> Status | None:
-        rec = self._records.get(pid)
+        with self._lock:
+            self._decide_all()
+            rec = self._records.get(pid)
         return rec.status if rec else None
 
     def resolve_pending(self, modules: Iterable[str] | None = None,

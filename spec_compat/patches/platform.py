@@ -9,7 +9,6 @@ that answers ``CpuPlatform`` exactly there; this record reports it.
 
 from __future__ import annotations
 
-from importlib import metadata
 from types import ModuleType
 
 from .._versions import providers
@@ -42,6 +41,8 @@ class VllmCpuPlatformDetection(Patch):
     def check(self, module: ModuleType) -> None:
         if not detection_fails():
             raise TargetChanged("vLLM is installed as distribution 'vllm': its own detection works")
+        from importlib import metadata
+
         eps = metadata.entry_points(group=PLUGIN_GROUP)
         if not any(ep.name == PLUGIN_NAME for ep in eps):
             raise TargetChanged(f"entry point {PLUGIN_GROUP}:{PLUGIN_NAME} is not installed")

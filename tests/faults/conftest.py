@@ -15,7 +15,7 @@ from faults_support import FakeMetadata, RealTargets, full_run_command, import_t
 
 from spec_compat import REGISTRY, _versions, bindings
 
-_REAL_METADATA = _versions.metadata
+_REAL_METADATA = _versions._metadata()  # loaded now: tests swap it for fakes
 HERE = Path(__file__).resolve().parent
 
 # site-packages is watched during the suite: this process writes no bytecode caches from here on

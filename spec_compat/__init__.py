@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 
-from . import patches as _patches  # noqa: F401  (registers every patch)
 from ._versions import installed_versions
 from .registry import REGISTRY, NotNeeded, PatchError, Record, Status, TargetChanged
 from .switches import SwitchError
@@ -55,5 +54,26 @@ def _configure_log_level() -> None:
             logger.addHandler(handler)
 
 
+def _load_patches() -> None:
+    from . import patches  # noqa: F401  (registers every patch)
+
+
+def _apply_at_import() -> None:
+    """Validate the switches now; load the patch classes and apply them when the first
+    target module is imported (at once if one already is)."""
+    import sys
+
+    from . import switches
+    from ._manifest import PATCH_IDS, TARGET_MODULES
+
+    switches.disabled_ids(PATCH_IDS)
+    switches.strict()
+    if any(name in sys.modules for name in TARGET_MODULES):
+        _load_patches()
+        REGISTRY.apply(records=False)
+    else:
+        REGISTRY.declare_lazily(_load_patches, TARGET_MODULES)
+
+
 _configure_log_level()
-REGISTRY.apply(records=False)
+_apply_at_import()

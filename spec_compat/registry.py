@@ -23,7 +23,6 @@ import logging
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass
 from types import ModuleType
 from typing import Any, ClassVar
 
@@ -60,17 +59,29 @@ class PatchError(RuntimeError):
     """Strict mode: a patch ended ``target-changed`` or ``failed``."""
 
 
-@dataclass(frozen=True)
-class Record:
-    id: str
-    status: Status
-    target: str
-    reason: str
+class Record(tuple):
+    """What the registry decided for one patch: ``Record(id, status, target, reason)``
+    (immutable; compares by value).  A plain tuple subclass rather than a dataclass:
+    ``dataclasses`` (and ``inspect``) would be most of ``import spec_compat``'s cost."""
+
+    __slots__ = ()
+
+    def __new__(cls, id: str, status: Status, target: str, reason: str) -> Record:
+        return tuple.__new__(cls, (id, status, target, reason))
+
+    id = property(lambda self: self[0], doc="patch id")
+    status = property(lambda self: self[1], doc="its Status")
+    target = property(lambda self: self[2], doc="module:attribute it patches")
+    reason = property(lambda self: self[3], doc="why it has this status")
+
+    def __repr__(self) -> str:
+        return f"Record(id={self.id!r}, status={self.status!r}, target={self.target!r}, reason={self.reason!r})"
+
+    def __getnewargs__(self) -> tuple[str, Status, str, str]:
+        return (self.id, self.status, self.target, self.reason)
 
     def as_dict(self) -> dict[str, str]:
-        d = asdict(self)
-        d["status"] = self.status.value
-        return d
+        return {"id": self.id, "status": self.status.value, "target": self.target, "reason": self.reason}
 
 
 class Changes:
@@ -191,6 +202,8 @@ class Registry:
         self._records: dict[str, Record] = {}
         self._changes: dict[str, Changes] = {}
         self._hooked: set[tuple[int, str]] = set()
+        #: imports the modules that declare the patches (the global registry: spec_compat.patches)
+        self._declare: Callable[[], None] | None = None
         #: pending patches whose version ranges are not read yet -> the disabled ids of that apply()
         self._undecided: dict[str, set[str] | frozenset[str]] = {}
         self._generation = 0
@@ -215,10 +228,36 @@ class Registry:
         return cls
 
     def patches(self) -> list[Patch]:
+        self._declared()
         return list(self._patches.values())
 
     def get(self, pid: str) -> Patch:
+        self._declared()
         return self._patches[pid]
+
+    def declare_lazily(self, load: Callable[[], None], target_modules: Iterable[str],
+                       environ: Mapping[str, str] | None = None) -> None:
+        """``import spec_compat``: the patch classes are loaded by ``load()`` (and the
+        registry applied) when one of ``target_modules`` is imported, or when the registry
+        is inspected - not before."""
+        def declare_and_apply() -> None:
+            load()
+            self.apply(environ, records=False)
+
+        self._declare = declare_and_apply
+
+        def on_target_import(_module: ModuleType) -> None:
+            self.apply(environ, records=False)
+
+        from ._import_hooks import register_post_import_hook
+
+        for name in target_modules:
+            register_post_import_hook(on_target_import, name)
+
+    def _declared(self) -> None:
+        load, self._declare = self._declare, None
+        if load is not None:
+            load()
 
     # -- application -------------------------------------------------------
     def apply(self, environ: Mapping[str, str] | None = None, *, records: bool = True) -> list[Record]:
@@ -226,6 +265,7 @@ class Registry:
 
         ``records=False`` (``import spec_compat``) returns nothing and leaves the version
         ranges of not-yet-imported targets unread until a record is asked for."""
+        self._declared()
         disabled = switches.disabled_ids(self._patches, environ)
         strict = switches.strict(environ)
         with self._lock:
@@ -350,11 +390,13 @@ class Registry:
 
     # -- inspection --------------------------------------------------------
     def records(self) -> list[Record]:
+        self._declared()
         with self._lock:
             self._decide_all()
             return [self._records[p] for p in self._patches if p in self._records]
 
     def status(self, pid: str) -> Status | None:
+        self._declared()
         with self._lock:
             self._decide_all()
             rec = self._records.get(pid)

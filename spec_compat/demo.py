@@ -45,6 +45,8 @@ class DemoResult:
     timings: dict[str, float] = field(default_factory=dict)
     regenerated: dict[str, int] | None = None
     evaluation: dict[str, Any] | None = None
+    #: why the serving step did not run (vLLM without speculative decoding on this platform)
+    evaluation_skipped: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -297,8 +299,12 @@ def run_demo(model: str = "llama", out: str | os.PathLike[str] | None = None, ep
     last, res.aux_layer_ids = p.step("reload the saved draft (Eagle3DraftModel.from_pretrained)", reload)
     res.draft_dir = last
     if evaluate:
-        from .evaluate import evaluate as serve_and_measure
+        from .evaluate import evaluate as serve_and_measure, serving_unsupported
 
+        res.evaluation_skipped = serving_unsupported()
+    if evaluate and res.evaluation_skipped:
+        print(f"[demo] serving step skipped: {res.evaluation_skipped}", file=sys.stderr, flush=True)
+    elif evaluate:
         res.evaluation = p.step(f"serve the draft as EAGLE-3 speculator, k={k} (spec-compat evaluate)",
                                 lambda: serve_and_measure(res.model_dir, last, k=k, max_model_len=seq_len).as_dict())
 

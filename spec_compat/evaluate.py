@@ -191,6 +191,24 @@ def _generate(kwargs: dict[str, Any], prompts: Sequence[Sequence[int]], max_toke
         _shutdown(llm)
 
 
+def serving_unsupported() -> str | None:
+    """Why an EAGLE-3 draft cannot be served by the installed vLLM here (None when it can):
+    without CUDA, vLLM's CPU runner refuses speculative decoding and spec-compat's CPU
+    serving patches cover vLLM >=0.15,<0.17 only."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    from . import REGISTRY
+    from ._versions import installed_version
+
+    needed, why = REGISTRY.get("cpu-runner-speculative-config").needed()
+    if needed:
+        return None
+    return (f"vLLM {installed_version('vllm')}'s CPU platform has no speculative decoding and spec-compat's "
+            f"CPU serving patches do not cover it ({why}); serve on a GPU, or on CPU with vLLM 0.15/0.16")
+
+
 def evaluate(target: str | os.PathLike[str], draft: str | os.PathLike[str], prompts: str | None = None,
              k: int = 3, max_tokens: int = 64, max_model_len: int = 2048, limit: int | None = None,
              eager: bool = True, seed: int = 0, ignore_eos: bool = True) -> EvalResult:
@@ -199,6 +217,9 @@ def evaluate(target: str | os.PathLike[str], draft: str | os.PathLike[str], prom
 
     if k < 1:
         raise EvaluateError(f"--k must be at least 1, got {k}")
+    unsupported = serving_unsupported()
+    if unsupported:
+        raise EvaluateError(unsupported)
     if max_tokens < 1:
         raise EvaluateError(f"--max-tokens must be at least 1, got {max_tokens}")
     tdir = _check_model_dir(target, "target")

@@ -23,6 +23,25 @@ from conftest import ROOT
 
 pytestmark = pytest.mark.engine
 
+
+@pytest.fixture(autouse=True)
+def _serving_possible_here(request):
+    """vLLM 0.11 (and >= 0.17) on CPU cannot serve a draft: those cells skip, with the reason
+    `spec-compat evaluate` gives (test_evaluate_refuses_where_serving_is_unsupported checks it)."""
+    if request.node.name != "test_evaluate_refuses_where_serving_is_unsupported":
+        reason = _serving_unsupported()
+        if reason:
+            pytest.skip(reason)
+
+
+def _serving_unsupported() -> str | None:
+    try:
+        from spec_compat.evaluate import serving_unsupported
+    except ImportError:  # no torch: the engine conftest skips these tests anyway
+        return None
+    return serving_unsupported()
+
+
 #: serving patch -> fixture whose serving exposes its failure
 SERVING_EXPOSED_BY = {
     "cpu-runner-speculative-config": "llama",
@@ -211,3 +230,14 @@ def test_served_features_equal_training_features(demo, tmp_path):
     # same tokens, same engine dtype: equal up to batch-shape rounding; one layer off is far away
     assert out["aligned"] <= 0.02 * out["scale"], out
     assert out["one_layer_later"] >= 10 * max(out["aligned"], 1e-6), out
+
+
+def test_evaluate_refuses_where_serving_is_unsupported(tmp_path):
+    """Where vLLM cannot serve a draft on this platform, `evaluate` says so before starting
+    vLLM (exit 2, the reason in one line) instead of vLLM's assertion from the engine process."""
+    reason = _serving_unsupported()
+    if not reason:
+        pytest.skip("this vLLM serves EAGLE-3 drafts on this platform")
+    proc, _ = run_evaluate(tmp_path, tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "has no speculative decoding" in proc.stderr

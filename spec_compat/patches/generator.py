@@ -11,7 +11,7 @@ from types import ModuleType
 from typing import Any
 
 from .. import bindings
-from ..registry import Changes, Patch, TargetChanged, register
+from ..registry import Changes, NotNeeded, Patch, TargetChanged, register
 from . import _guards as g
 
 GEN = "speculators.data_generation.vllm_hidden_states_generator"
@@ -326,6 +326,45 @@ class RowsByRequestId(Patch):
 
         bindings.wrap_method(changes, module, "Scheduler", "add_request", add_request)
         bindings.wrap_method(changes, module, "MultiprocExecutor", "collective_rpc", collective_rpc)
+
+
+@register
+class DriverWaitYieldsCpu(Patch):
+    """vLLM's ``MessageQueue.acquire_read`` (distributed/device_communicators/shm_broadcast.py)
+    spins on ``sched_yield``: speculators' driver keeps a core busy for every step its worker
+    computes.  On the CPU platform that core is the model's (2 cores: extraction at half the
+    speed of plain prefill).  The driver's reply queues poll, then sleep (<= 1 ms)."""
+
+    id = "driver-wait-yields-cpu"
+    summary = "on the CPU platform the driver's reply queues sleep (<= 1 ms) instead of spinning while the worker computes"
+    upstream = "vLLM shm_broadcast.py SpinTimer: sched_yield busy-wait in acquire_read (driver of speculators' generator)"
+    target = f"{GEN}:MultiprocExecutor"
+    requires = {"vllm": ">=0.11"}
+
+    def check(self, module: ModuleType) -> None:
+        import torch
+
+        if torch.cuda.is_available():
+            raise NotNeeded("CUDA platform: the driver's polling does not take the model's cores")
+        g.has_attrs(g.attr(module, "MultiprocExecutor"), "MultiprocExecutor", "collective_rpc")
+        from vllm.distributed.device_communicators import shm_broadcast
+
+        timer = g.attr(shm_broadcast, "SpinTimer")
+        g.has_attrs(timer, "SpinTimer", "spin", "record_activity")
+        if "_read_spin_timer" not in g.source(shm_broadcast.MessageQueue.acquire_read, "MessageQueue.acquire_read"):
+            raise TargetChanged("MessageQueue.acquire_read no longer polls through _read_spin_timer")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        from ..shims.polling import YieldingTimer
+
+        def init(wrapped: Any, executor: Any, args: tuple, kwargs: dict) -> Any:
+            out = wrapped(*args, **kwargs)
+            for mq in getattr(executor, "response_mqs", None) or ():
+                if hasattr(mq, "_read_spin_timer"):
+                    mq._read_spin_timer = YieldingTimer()
+            return out
+
+        bindings.wrap_method(changes, module, "MultiprocExecutor", "__init__", init)
 
 
 def _assemble(payload: Any, order: list[tuple[str, int]]) -> list[Any]:

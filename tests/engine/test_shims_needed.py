@@ -38,7 +38,10 @@ EXPOSED_BY = {
 }
 #: optimisations (nothing fails without them): patch id -> the test proving the optimised path
 #: gives the same bytes as the stock one
-OPTIMIZATIONS = {"capture-handoff-shm": "test_handoff_rows_equal_the_pickled_path"}
+OPTIMIZATIONS = {
+    "capture-handoff-shm": "test_handoff_rows_equal_the_pickled_path",
+    "driver-wait-yields-cpu": "test_driver_reply_queues_do_not_spin",
+}
 #: patches that only fail once the patch superseding them is off too
 ALSO_DISABLE = {
     "worker-forward-embed-input-ids": "capture-layer-hooks",

@@ -236,6 +236,9 @@ class CaptureHandoffShm(Patch):
                 old.discard()  # segments of an abandoned call: unlinked, not leaked
             elif not isinstance(old, PerRequestStore):
                 return  # capture-per-request is off: rows are not keyed by request, nothing to hand over
+            if not _shm_usable():
+                self._spec_compat_store = PerRequestStore()  # the pickled reply, as before
+                return
             # "shm" also for CUDA tensors: one device-to-host copy into shared memory (the driver
             # keeps the rows on the host, as speculators does)
             self._spec_compat_store = SegmentedCapture(mode="shm")
@@ -256,7 +259,7 @@ class CaptureHandoffShm(Patch):
                 return orig_get(self)
             self._captured_states = None
             descriptor = store.finish()
-            self._spec_compat_store = SegmentedCapture(mode="shm")
+            self._spec_compat_store = SegmentedCapture(mode="shm") if _shm_usable() else PerRequestStore()
             return None if descriptor is None else {BY_REQUEST: descriptor}
 
         def _spec_compat_layer_writer(self: Any) -> Any:
@@ -274,3 +277,24 @@ class CaptureHandoffShm(Patch):
                          ("_get_captured_states", _get_captured_states),
                          ("_spec_compat_layer_writer", _spec_compat_layer_writer)):
             changes.setattr(ext, name, fn)
+
+
+#: below this much free /dev/shm the worker keeps the pickled reply (a container's 64 MB default)
+MIN_FREE_SHM = 1 << 30
+
+
+def _shm_usable() -> bool:
+    import logging
+    import os
+
+    try:
+        st = os.statvfs("/dev/shm")
+        free = st.f_bavail * st.f_frsize
+    except OSError:
+        free = 0
+    if free < MIN_FREE_SHM:
+        logging.getLogger("spec_compat").warning(
+            "spec_compat[capture-handoff-shm]: /dev/shm has %d MiB free (< %d MiB): captured rows go back "
+            "pickled, as upstream", free >> 20, MIN_FREE_SHM >> 20)
+        return False
+    return True

@@ -303,3 +303,15 @@ def test_cuda_same_process():
     store.release()
     ref = _reference(STEPS, layers, ORDER)
     assert all(_same_bytes(o, r) for o, r in zip(out, ref))
+
+
+def test_worker_keeps_the_pickled_reply_when_dev_shm_is_small(monkeypatch, caplog):
+    """capture-handoff-shm checks free /dev/shm before each capture (a container's default is
+    64 MB): below MIN_FREE_SHM the worker keeps the pickled reply and says so."""
+    from spec_compat.patches import worker
+
+    monkeypatch.setattr(worker, "MIN_FREE_SHM", 1 << 62)
+    assert worker._shm_usable() is False
+    assert "captured rows go back pickled" in caplog.text
+    monkeypatch.setattr(worker, "MIN_FREE_SHM", 0)
+    assert worker._shm_usable() is True

@@ -7,6 +7,7 @@ caller in the process.  Worker-side patches live in :mod:`.worker`.
 
 from __future__ import annotations
 
+import logging
 from types import ModuleType
 from typing import Any
 
@@ -14,6 +15,7 @@ from .. import bindings
 from ..registry import Changes, NotNeeded, Patch, TargetChanged, register
 from . import _guards as g
 
+log = logging.getLogger("spec_compat")
 GEN = "speculators.data_generation.vllm_hidden_states_generator"
 SPEC_03 = ">=0.3,<0.4"
 
@@ -359,12 +361,27 @@ class DriverWaitYieldsCpu(Patch):
 
         def init(wrapped: Any, executor: Any, args: tuple, kwargs: dict) -> Any:
             out = wrapped(*args, **kwargs)
-            for mq in getattr(executor, "response_mqs", None) or ():
-                if hasattr(mq, "_read_spin_timer"):
-                    mq._read_spin_timer = YieldingTimer()
+            queues = reply_queues(executor)
+            for mq in queues:
+                mq._read_spin_timer = YieldingTimer()
+            if not queues:
+                log.warning("spec_compat[%s]: the executor has no reply queue with _read_spin_timer; "
+                            "the driver keeps spinning", self.id)
             return out
 
         bindings.wrap_method(changes, module, "MultiprocExecutor", "__init__", init)
+
+
+def reply_queues(executor: Any) -> list[Any]:
+    """The driver's reply queues of a MultiprocExecutor: ``response_mqs`` (vLLM >= 0.12)
+    or each worker handle's ``worker_response_mq`` (0.11)."""
+    found: dict[int, Any] = {}
+    candidates = list(getattr(executor, "response_mqs", None) or ())
+    candidates += [getattr(w, "worker_response_mq", None) for w in getattr(executor, "workers", None) or ()]
+    for mq in candidates:
+        if mq is not None and hasattr(mq, "_read_spin_timer"):
+            found[id(mq)] = mq
+    return list(found.values())
 
 
 def _assemble(payload: Any, order: list[tuple[str, int]]) -> list[Any]:

@@ -217,14 +217,14 @@ def evaluate(target: str | os.PathLike[str], draft: str | os.PathLike[str], prom
 
     if k < 1:
         raise EvaluateError(f"--k must be at least 1, got {k}")
-    unsupported = serving_unsupported()
-    if unsupported:
-        raise EvaluateError(unsupported)
     if max_tokens < 1:
         raise EvaluateError(f"--max-tokens must be at least 1, got {max_tokens}")
     tdir = _check_model_dir(target, "target")
     ddir = _check_model_dir(draft, "draft")
     _check_eagle3_draft(ddir)
+    unsupported = serving_unsupported()
+    if unsupported:
+        raise EvaluateError(unsupported)
     trust = declares_remote_code(tdir)
     from transformers import AutoTokenizer
 

@@ -341,7 +341,7 @@ class DriverWaitYieldsCpu(Patch):
     summary = "on the CPU platform the driver's reply queues sleep (<= 1 ms) instead of spinning while the worker computes"
     upstream = "vLLM shm_broadcast.py SpinTimer: sched_yield busy-wait in acquire_read (driver of speculators' generator)"
     target = f"{GEN}:MultiprocExecutor"
-    requires = {"vllm": ">=0.11"}
+    requires = {"vllm": ">=0.11,<0.17"}  # cells that proved it; newer vLLM: re-check the wait loop
 
     def check(self, module: ModuleType) -> None:
         import torch

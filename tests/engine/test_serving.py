@@ -233,11 +233,16 @@ def test_served_features_equal_training_features(demo, tmp_path):
 
 
 def test_evaluate_refuses_where_serving_is_unsupported(tmp_path):
-    """Where vLLM cannot serve a draft on this platform, `evaluate` says so before starting
-    vLLM (exit 2, the reason in one line) instead of vLLM's assertion from the engine process."""
+    """Where vLLM cannot serve a draft on this platform, `evaluate` says so once its inputs are
+    checked and before starting vLLM (exit 2, the reason in one line) instead of vLLM's
+    assertion from the engine process."""
     reason = _serving_unsupported()
     if not reason:
         pytest.skip("this vLLM serves EAGLE-3 drafts on this platform")
-    proc, _ = run_evaluate(tmp_path, tmp_path)
+    target, draft = tmp_path / "target", tmp_path / "draft"
+    for d, cfg in ((target, {"model_type": "llama"}), (draft, {"speculators_model_type": "eagle3"})):
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(cfg))
+    proc, _ = run_evaluate(target, draft)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "has no speculative decoding" in proc.stderr

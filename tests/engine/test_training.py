@@ -105,6 +105,13 @@ def test_vllm_reads_the_aux_layers_from_the_saved_draft(demo, model):
     pytest.importorskip("vllm")
     from vllm.transformers_utils.config import get_config
 
+    from spec_compat import installed_versions
+    from spec_compat._versions import in_range
+
+    if in_range(installed_versions()["vllm"], "<0.15"):
+        # checked on vLLM 0.11.0: its SpeculatorsConfig has no eagle_aux_hidden_state_layer_ids
+        # (None), so vLLM there would serve the draft with its default aux layers
+        pytest.xfail("vLLM < 0.15's speculators config parser drops eagle_aux_hidden_state_layer_ids")
     res = demo(model)
     hf = get_config(res["draft_dir"], trust_remote_code=False)
     assert list(hf.eagle_aux_hidden_state_layer_ids) == [1, 2, 3]

@@ -40,7 +40,6 @@ EXPOSED_BY = {
 #: gives the same bytes as the stock one
 OPTIMIZATIONS = {
     "capture-handoff-shm": "test_handoff_rows_equal_the_pickled_path",
-    "driver-wait-yields-cpu": "test_driver_reply_queues_do_not_spin",
 }
 #: patches that only fail once the patch superseding them is off too
 ALSO_DISABLE = {

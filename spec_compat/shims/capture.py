@@ -114,14 +114,11 @@ def find_payload(reply: Any) -> dict[str, list[Any]] | None:
     return None
 
 
-def assemble_in_order(by_request: dict[str, list[Any]], order: Sequence[tuple[str, int]]) -> list[Any]:
-    """Concatenate per-request rows in ``order`` ((request id, prompt length), ...),
-    raising :class:`RowCountError` if any request lost or gained rows."""
-    import torch
-
-    missing = [rid for rid, _ in order if rid not in by_request]
-    wrong = [(rid, n, int(by_request[rid][0].shape[0])) for rid, n in order
-             if rid in by_request and int(by_request[rid][0].shape[0]) != n]
+def check_row_counts(counts: dict[str, int], order: Sequence[tuple[str, int]], patch_id: str) -> None:
+    """Raise :class:`RowCountError` naming the requests of ``order`` ((request id, prompt
+    length), ...) that have no rows in ``counts`` or another number of rows."""
+    missing = [rid for rid, _ in order if rid not in counts]
+    wrong = [(rid, n, counts[rid]) for rid, n in order if rid in counts and counts[rid] != n]
     if missing or wrong:
         parts = []
         if missing:
@@ -129,6 +126,15 @@ def assemble_in_order(by_request: dict[str, list[Any]], order: Sequence[tuple[st
         if wrong:
             parts.append("row count != prompt length for " + ", ".join(
                 f"{rid}: {got} != {n}" for rid, n, got in wrong[:5]))
-        raise RowCountError("spec_compat[rows-by-request-id]: " + "; ".join(parts))
+        raise RowCountError(f"spec_compat[{patch_id}]: " + "; ".join(parts))
+
+
+def assemble_in_order(by_request: dict[str, list[Any]], order: Sequence[tuple[str, int]]) -> list[Any]:
+    """Concatenate per-request rows in ``order`` ((request id, prompt length), ...),
+    raising :class:`RowCountError` if any request lost or gained rows."""
+    import torch
+
+    check_row_counts({rid: int(rows[0].shape[0]) for rid, rows in by_request.items()}, order,
+                     "rows-by-request-id")
     n_layers = len(next(iter(by_request.values())))
     return [torch.cat([by_request[rid][i] for rid, _ in order], dim=0) for i in range(n_layers)]

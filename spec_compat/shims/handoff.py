@@ -65,7 +65,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .capture import RowCountError
+from .capture import RowCountError, check_row_counts
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -450,16 +450,7 @@ def discard(descriptor: HandoffDescriptor | None) -> None:
 
 def _check_rows(descriptor: HandoffDescriptor | None, order: Sequence[tuple[str, int]]) -> None:
     counts = descriptor.row_counts() if descriptor is not None else {}
-    missing = [rid for rid, _ in order if rid not in counts]
-    wrong = [(rid, n, counts[rid]) for rid, n in order if rid in counts and counts[rid] != n]
-    if missing or wrong:
-        parts = []
-        if missing:
-            parts.append(f"no rows for {len(missing)} request(s) ({', '.join(missing[:5])})")
-        if wrong:
-            parts.append("row count != prompt length for " + ", ".join(
-                f"{rid}: {got} != {n}" for rid, n, got in wrong[:5]))
-        raise RowCountError("spec_compat[capture-handoff-shm]: " + "; ".join(parts))
+    check_row_counts(counts, order, "capture-handoff-shm")
 
 
 def _runs(descriptor: HandoffDescriptor, order: Sequence[tuple[str, int]]) -> list[tuple[int, int, int]]:

@@ -104,4 +104,4 @@ CELLS: dict[str, Cell] = {
 }
 
 # installed into every cell next to the packages under test
-TEST_REQUIREMENTS = ("pytest>=7", "wrapt>=1.14", "packaging>=21")
+TEST_REQUIREMENTS = ("pytest>=7", "hypothesis>=6.100", "wrapt>=1.14", "packaging>=21")

@@ -21,6 +21,7 @@ PATCH_IDS: tuple[str, ...] = (
     "mem-get-info-from-platform",
     "results-in-input-order",
     "generate-in-fitting-batches",
+    "generator-input-checks",
     "vllm-cpu-platform-detection",
     "worker-forward-embed-input-ids",
     "decoder-stack-locator",

@@ -507,3 +507,46 @@ class GenerateInFittingBatches(Patch):
             return results
 
         changes.setattr(cls, "generate", generate)
+
+
+@register
+class GeneratorInputChecks(Patch):
+    """speculators 0.3-0.4 (generator:228/251) passes token ids to the engine unchecked and cuts
+    sequences over ``max_model_len - 1`` silently; rows lost on the way (upstream #279) go
+    unnoticed.  Bad ids now raise before the engine, truncation is logged, rows are counted."""
+
+    id = "generator-input-checks"
+    summary = ("generate() inputs checked before the engine (empty, non-int, out-of-vocabulary ids), "
+               "truncation logged with counts, every result's rows counted")
+    upstream = ("speculators 0.3.0-0.4.x generator: ids[:max_len] truncates silently, bad ids reach vLLM; "
+                "issue #279: lost rows go unnoticed")
+    fixes = ("#279",)
+    target = f"{GEN}:VllmHiddenStatesGenerator"
+    requires = {"speculators": ">=0.3,<0.5"}
+
+    def check(self, module: ModuleType) -> None:
+        _generate_params(module)
+        if "ids[:max_len]" not in _generator_source(module):
+            raise TargetChanged("generate() no longer truncates with ids[:max_len]")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        from ..shims.inputs import check_inputs, check_results
+
+        cls = module.VllmHiddenStatesGenerator
+        inner = cls.generate
+        pid = self.id
+
+        def generate(self: Any, token_ids: Any) -> list[dict]:
+            model_config = self.vllm_config.model_config
+            try:
+                vocab = int(model_config.get_vocab_size())
+            except Exception:  # noqa: BLE001 - an unreadable vocabulary size only skips the range check
+                vocab = None
+            max_len = model_config.max_model_len - 1
+            seqs, _ = check_inputs(token_ids, vocab, max_len, pid)
+            results = inner(self, seqs)
+            layer_ids = getattr(self, "layer_ids", None)
+            check_results(results, seqs, max_len, len(layer_ids) if layer_ids is not None else None, pid)
+            return results
+
+        changes.setattr(cls, "generate", generate)

@@ -41,6 +41,11 @@ EXPOSED_BY = {
 OPTIMIZATIONS = {
     "capture-handoff-shm": "test_handoff_rows_equal_the_pickled_path",
 }
+#: guards (nothing fails without them on good data; they turn silent loss into an error):
+#: patch id -> the test that makes rows go missing and sees the guard raise
+GUARDS = {
+    "generator-input-checks": "test_lost_rows_raise_instead_of_passing_silently",
+}
 #: patches that only fail once the patch superseding them is off too
 ALSO_DISABLE = {
     "worker-forward-embed-input-ids": "capture-layer-hooks",
@@ -82,11 +87,11 @@ def test_every_needed_patch_has_a_proof_case():
     sources = "".join(p.read_text() for p in here.glob("test_*.py"))
     for pid, test in TRAINING_PROOFS.items():
         assert f"def {test}(" in sources, f"{pid}: proof test {test} does not exist"
-    for pid, test in OPTIMIZATIONS.items():
+    for pid, test in {**OPTIMIZATIONS, **GUARDS}.items():
         assert f"def {test}(" in sources, f"{pid}: proof test {test} does not exist"
     assert "def test_fails_with_only_this_serving_shim_disabled(" in sources
     known = (set(EXPOSED_BY) | set(TRAINING_PROOFS) | set(MEASURED_ONLY) | set(SERVING_EXPOSED_BY)
-             | set(OPTIMIZATIONS))
+             | set(OPTIMIZATIONS) | set(GUARDS))
     missing = [pid for pid in _needed_here() if pid not in known]
     assert not missing, f"patches without a disabled-shim test: {missing}"
 

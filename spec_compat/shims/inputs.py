@@ -1,0 +1,127 @@
+"""Input checks and the row-count guard around speculators' ``generate``.
+
+speculators hands token ids to the engine as given: a float or negative id, an id
+outside the vocabulary or an empty sequence fails deep inside vLLM (or not at all),
+and a sequence longer than ``max_model_len - 1`` is cut without a word.  These
+helpers check a batch before any request exists, say what truncation dropped, and
+check every result's rows afterwards.  Pure Python: no torch import.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .capture import RowCountError
+
+log = logging.getLogger("spec_compat")
+
+
+class GeneratorInputError(ValueError):
+    """A ``generate`` input that the engine must not see (raised before any request is added)."""
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """What ``max_model_len`` cut: how many sequences, how many tokens, the longest length."""
+
+    sequences: int
+    tokens: int
+    longest: int
+    max_len: int
+
+
+def _is_token(t: Any) -> bool:
+    return not isinstance(t, bool) and hasattr(t, "__index__")
+
+
+def _sequence(i: int, ids: Any, patch_id: str) -> list[int]:
+    """One sequence as a list of Python ints, or a GeneratorInputError naming where it is wrong."""
+    dtype = getattr(ids, "dtype", None)
+    if dtype is not None:  # a torch tensor or numpy array
+        ndim = getattr(ids, "ndim", None)
+        if ndim != 1:
+            raise GeneratorInputError(f"spec_compat[{patch_id}]: sequence {i} is a {ndim}-D array; expected 1-D token ids")
+        if "int" not in str(dtype):
+            raise GeneratorInputError(f"spec_compat[{patch_id}]: sequence {i} has dtype {dtype}; token ids must be integers")
+        ids = ids.tolist()
+    elif isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+        raise GeneratorInputError(
+            f"spec_compat[{patch_id}]: sequence {i} is a {type(ids).__name__}; expected a list of int token ids")
+    if set(map(type, ids)) - {int}:  # rare: numpy ints are fine, bools/floats/str/None are not
+        p = next((p for p, t in enumerate(ids) if not _is_token(t)), None)
+        if p is not None:
+            t = ids[p]
+            raise GeneratorInputError(
+                f"spec_compat[{patch_id}]: sequence {i} position {p}: {t!r} ({type(t).__name__}) is not an int token id")
+        ids = [t.__index__() for t in ids]  # numpy / other integer scalars
+    if not ids:
+        raise GeneratorInputError(f"spec_compat[{patch_id}]: sequence {i} is empty; every sequence needs at least one token")
+    return ids if type(ids) is list else list(ids)
+
+
+def check_inputs(token_ids: Any, vocab_size: int | None, max_len: int, patch_id: str
+                 ) -> tuple[list[list[int]], Truncation | None]:
+    """Validate a ``generate`` batch; return it as lists of ints plus what truncation will cut.
+
+    Raises :class:`GeneratorInputError` for an empty batch, an empty sequence, a
+    non-int id, a negative id or one ``>= vocab_size``.  Over-long sequences are
+    not an error (speculators truncates them); they are logged with counts."""
+    dtype = getattr(token_ids, "dtype", None)
+    if dtype is not None:
+        ndim = getattr(token_ids, "ndim", None)
+        if ndim != 2:
+            raise GeneratorInputError(f"spec_compat[{patch_id}]: token_ids is a {ndim}-D array; expected [batch, sequence]")
+        rows = list(token_ids)
+    elif isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, Sequence):
+        raise GeneratorInputError(
+            f"spec_compat[{patch_id}]: token_ids is a {type(token_ids).__name__}; expected a list of token-id lists")
+    else:
+        rows = list(token_ids)
+    if not rows:
+        raise GeneratorInputError(f"spec_compat[{patch_id}]: token_ids holds no sequences")
+    seqs: list[list[int]] = []
+    for i, ids in enumerate(rows):
+        arr = _sequence(i, ids, patch_id)
+        low, high = min(arr), max(arr)  # C loops; the Python scan below runs only on a bad id
+        if low < 0 or (vocab_size is not None and high >= vocab_size):
+            p = next(p for p, t in enumerate(arr) if t < 0 or (vocab_size is not None and t >= vocab_size))
+            raise GeneratorInputError(
+                f"spec_compat[{patch_id}]: sequence {i} position {p}: token id {arr[p]} is outside the vocabulary "
+                f"[0, {vocab_size if vocab_size is not None else 'inf'})")
+        seqs.append(arr)
+    long = [len(s) for s in seqs if len(s) > max_len]
+    cut = None
+    if long:
+        cut = Truncation(sequences=len(long), tokens=sum(n - max_len for n in long), longest=max(long),
+                         max_len=max_len)
+        log.warning(
+            "spec_compat[%s]: %d of %d sequences are longer than max_model_len - 1 = %d tokens (longest %d); "
+            "speculators truncates them: %d tokens dropped", patch_id, cut.sequences, len(seqs), max_len,
+            cut.longest, cut.tokens)
+    return seqs, cut
+
+
+def check_results(results: Sequence[dict], seqs: Sequence[Sequence[int]], max_len: int,
+                  num_layers: int | None, patch_id: str) -> None:
+    """Every input has one result, in order, with its (truncated) ids and that many rows per layer."""
+    if len(results) != len(seqs):
+        raise RowCountError(f"spec_compat[{patch_id}]: generate returned {len(results)} results for {len(seqs)} sequences")
+    for j, (res, ids) in enumerate(zip(results, seqs)):
+        want = list(ids[:max_len])
+        got_ids = res["input_ids"]
+        got_ids = got_ids.tolist() if hasattr(got_ids, "tolist") else list(got_ids)
+        if got_ids != want:
+            raise RowCountError(
+                f"spec_compat[{patch_id}]: result {j} carries {len(got_ids)} input ids that are not input {j}'s "
+                f"{len(want)} (after truncation)")
+        layers = res["hidden_states"]
+        if num_layers is not None and len(layers) != num_layers:
+            raise RowCountError(f"spec_compat[{patch_id}]: result {j} has {len(layers)} layers, expected {num_layers}")
+        for k, h in enumerate(layers):
+            if int(h.shape[0]) != len(want):
+                raise RowCountError(
+                    f"spec_compat[{patch_id}]: sequence {j} lost rows: layer {k} has {int(h.shape[0])} rows for "
+                    f"{len(want)} tokens (upstream issue #279's silent class)")

@@ -108,14 +108,35 @@ def child(variant: str, model: str, ids_file: str, repeats: int, max_model_len: 
             rows = sum(int(r["hidden_states"][0].shape[0]) for r in out)
             assert rows == tokens, (rows, tokens)
 
+    import psutil  # a vLLM dependency
+
+    me = psutil.Process()
+
+    def cpu() -> dict[int, float]:
+        """CPU seconds (user + system) of this process and of every process below it (the engine)."""
+        out = {}
+        for proc in [me, *me.children(recursive=True)]:
+            try:
+                t = proc.cpu_times()
+                out[proc.pid] = t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
     call()  # warm-up
-    times = []
+    times, cpu_front, cpu_engine = [], [], []
     for _ in range(repeats):
+        before = cpu()
         t = time.perf_counter()
         call()
         times.append(time.perf_counter() - t)
+        after = cpu()
+        delta = {pid: after[pid] - before.get(pid, 0.0) for pid in after}
+        cpu_front.append(delta.pop(me.pid))
+        cpu_engine.append(sum(delta.values()))
     # the parent kills this process group once it has the line (engine teardown is not measured)
-    print("SPEC_COMPAT_RESULT " + json.dumps({"variant": variant, "tokens": tokens, "seconds": times}), flush=True)
+    print("SPEC_COMPAT_RESULT " + json.dumps({"variant": variant, "tokens": tokens, "seconds": times,
+                                              "cpu_front": cpu_front, "cpu_engine": cpu_engine}), flush=True)
     time.sleep(600)
 
 
@@ -187,12 +208,15 @@ def main() -> int:
         if args.python_04:
             variants.append(("native04", args.python_04))
         seconds: dict[str, list[float]] = {v: [] for v, _ in variants}
+        cpu: dict[str, dict[str, list[float]]] = {v: {"front": [], "engine": []} for v, _ in variants}
         tokens = 0
         for r in range(args.rounds):
             order = variants if r % 2 == 0 else variants[::-1]
             for variant, py in order:
                 res = run_child(py, variant, model, ids_file, args.repeats, max_model_len)
                 seconds[variant].extend(res["seconds"])
+                cpu[variant]["front"].extend(res["cpu_front"])
+                cpu[variant]["engine"].extend(res["cpu_engine"])
                 tokens = res["tokens"]
                 print(f"round {r + 1} {variant:9s} " + " ".join(f"{tokens / s:9.0f}" for s in res["seconds"])
                       + " tok/s", file=sys.stderr, flush=True)
@@ -208,12 +232,25 @@ def main() -> int:
     print(f"model {args.model}: {args.seqs} x {args.length} tokens ({tokens}), {args.rounds} rounds x {args.repeats} calls")
     for v, s in summary.items():
         print(f"  {v:9s} tok/s min {s['min']:9.0f}  median {s['median']:9.0f}  max {s['max']:9.0f}  (n={s['n']})")
+    # CPU seconds per 1000 tokens: the work each variant does, which the wall clock of a shared
+    # machine blurs; "front" is the calling process (LLM front end / speculators' driver loop),
+    # "engine" every process below it (EngineCore / the executor's worker)
+    cpu_summary = {v: {part: statistics.median(x) * 1000 / tokens for part, x in c.items()} for v, c in cpu.items()}
+    for v, c in cpu_summary.items():
+        print(f"  {v:9s} CPU s per 1k tokens (medians): front {c['front']:.3f}  engine {c['engine']:.3f}  "
+              f"total {c['front'] + c['engine']:.3f}")
+    ratios["P2 CPU engine plain/capture"] = cpu_summary["plain"]["engine"] / cpu_summary["capture"]["engine"]
+    ratios["P2 CPU total plain/capture"] = (sum(cpu_summary["plain"].values())
+                                            / sum(cpu_summary["capture"].values()))
+    if "native04" in cpu_summary:
+        ratios["P3 CPU engine native04/capture"] = cpu_summary["native04"]["engine"] / cpu_summary["capture"]["engine"]
     for k, v in ratios.items():
         print(f"  {k}: {v:.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"model": args.model, "seqs": args.seqs, "len": args.length,
                                                "tokens": tokens, "engine": ENGINE, "summary": summary,
-                                               "seconds": seconds, "ratios": ratios}, indent=2) + "\n")
+                                               "seconds": seconds, "cpu_per_1k_tokens": cpu_summary,
+                                               "cpu_seconds": cpu, "ratios": ratios}, indent=2) + "\n")
     return 0
 
 

@@ -545,8 +545,7 @@ class GeneratorInputChecks(Patch):
             max_len = model_config.max_model_len - 1
             seqs, _ = check_inputs(token_ids, vocab, max_len, pid)
             results = inner(self, seqs)
-            layer_ids = getattr(self, "layer_ids", None)
-            check_results(results, seqs, max_len, len(layer_ids) if layer_ids is not None else None, pid)
+            check_results(results, seqs, max_len, pid)
             return results
 
         changes.setattr(cls, "generate", generate)

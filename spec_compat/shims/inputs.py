@@ -104,9 +104,9 @@ def check_inputs(token_ids: Any, vocab_size: int | None, max_len: int, patch_id:
     return seqs, cut
 
 
-def check_results(results: Sequence[dict], seqs: Sequence[Sequence[int]], max_len: int,
-                  num_layers: int | None, patch_id: str) -> None:
-    """Every input has one result, in order, with its (truncated) ids and that many rows per layer."""
+def check_results(results: Sequence[dict], seqs: Sequence[Sequence[int]], max_len: int, patch_id: str) -> None:
+    """Every input has one result, in order, with its (truncated) ids and that many rows in each layer.
+    (The number of layers is not checked: speculators' default layer ids may repeat one.)"""
     if len(results) != len(seqs):
         raise RowCountError(f"spec_compat[{patch_id}]: generate returned {len(results)} results for {len(seqs)} sequences")
     for j, (res, ids) in enumerate(zip(results, seqs)):
@@ -118,8 +118,8 @@ def check_results(results: Sequence[dict], seqs: Sequence[Sequence[int]], max_le
                 f"spec_compat[{patch_id}]: result {j} carries {len(got_ids)} input ids that are not input {j}'s "
                 f"{len(want)} (after truncation)")
         layers = res["hidden_states"]
-        if num_layers is not None and len(layers) != num_layers:
-            raise RowCountError(f"spec_compat[{patch_id}]: result {j} has {len(layers)} layers, expected {num_layers}")
+        if not layers:
+            raise RowCountError(f"spec_compat[{patch_id}]: result {j} has no hidden states")
         for k, h in enumerate(layers):
             if int(h.shape[0]) != len(want):
                 raise RowCountError(

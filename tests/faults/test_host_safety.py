@@ -284,6 +284,13 @@ WAITER = textwrap.dedent("""
 """)
 
 
+def _default_dispositions() -> None:
+    """Children start with default signal handling: an ignored SIGINT/SIGHUP is inherited across
+    exec (pytest started with nohup or as a background job) and Python then keeps ignoring it."""
+    for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(s, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig, mode", [(signal.SIGTERM, "default"), (signal.SIGINT, "default"),
                                        (signal.SIGTERM, "handler"), (signal.SIGHUP, "default")],
                          ids=["sigterm", "sigint", "sigterm-handler", "sighup"])
@@ -293,7 +300,7 @@ def test_run_signal_from_outside_like_python(sig, mode, tmp_path):
     codes = []
     for cmd in ([sys.executable, str(script), mode], [sys.executable, "-m", "spec_compat", "run", str(script), mode]):
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
-                                cwd=tmp_path)
+                                cwd=tmp_path, preexec_fn=_default_dispositions)
         try:
             assert proc.stdout.readline().strip() == "READY"
             proc.send_signal(sig)

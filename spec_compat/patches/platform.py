@@ -13,6 +13,7 @@ from types import ModuleType
 
 from .._versions import providers
 from ..registry import Changes, Patch, TargetChanged, register
+from . import _guards as g
 
 PLUGIN_GROUP = "vllm.platform_plugins"
 PLUGIN_NAME = "spec_compat_cpu"
@@ -39,6 +40,11 @@ class VllmCpuPlatformDetection(Patch):
     side = "platform"
 
     def check(self, module: ModuleType) -> None:
+        # the plugin names this class to vLLM: it must still be the CPU platform
+        platform = g.attr(module, "CpuPlatform")
+        g.has_attrs(platform, "CpuPlatform", "device_type", "get_device_name")
+        if getattr(platform, "device_type", None) != "cpu":
+            raise TargetChanged(f"CpuPlatform.device_type is {platform.device_type!r}, not 'cpu'")
         if not detection_fails():
             raise TargetChanged("vLLM is installed as distribution 'vllm': its own detection works")
         from importlib import metadata

@@ -17,6 +17,7 @@ PATCH_IDS: tuple[str, ...] = (
     "collective-rpc-single-reply",
     "two-phase-step",
     "rows-by-request-id",
+    "driver-wait-yields-cpu",
     "tokenizer-trust-remote-code",
     "mem-get-info-from-platform",
     "results-in-input-order",

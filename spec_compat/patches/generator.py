@@ -330,6 +330,60 @@ class RowsByRequestId(Patch):
         bindings.wrap_method(changes, module, "MultiprocExecutor", "collective_rpc", collective_rpc)
 
 
+@register
+class DriverWaitYieldsCpu(Patch):
+    """vLLM's ``MessageQueue.acquire_read`` (distributed/device_communicators/shm_broadcast.py)
+    spins on ``sched_yield``: speculators' driver keeps a core busy for every step its worker
+    computes.  On the CPU platform that core is the model's (2 cores: extraction at half the
+    speed of plain prefill).  The driver's reply queues poll, then sleep (<= 1 ms)."""
+
+    id = "driver-wait-yields-cpu"
+    summary = "on the CPU platform the driver's reply queues sleep (<= 1 ms) instead of spinning while the worker computes"
+    upstream = "vLLM shm_broadcast.py SpinTimer: sched_yield busy-wait in acquire_read (driver of speculators' generator)"
+    target = f"{GEN}:MultiprocExecutor"
+    requires = {"vllm": ">=0.11,<0.17"}  # cells that proved it; newer vLLM: re-check the wait loop
+
+    def check(self, module: ModuleType) -> None:
+        import torch
+
+        if torch.cuda.is_available():
+            raise NotNeeded("CUDA platform: the driver's polling does not take the model's cores")
+        g.has_attrs(g.attr(module, "MultiprocExecutor"), "MultiprocExecutor", "collective_rpc")
+        from vllm.distributed.device_communicators import shm_broadcast
+
+        timer = g.attr(shm_broadcast, "SpinTimer")
+        g.has_attrs(timer, "SpinTimer", "spin", "record_activity")
+        if "_read_spin_timer" not in g.source(shm_broadcast.MessageQueue.acquire_read, "MessageQueue.acquire_read"):
+            raise TargetChanged("MessageQueue.acquire_read no longer polls through _read_spin_timer")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        from ..shims.polling import YieldingTimer
+
+        def init(wrapped: Any, executor: Any, args: tuple, kwargs: dict) -> Any:
+            out = wrapped(*args, **kwargs)
+            queues = reply_queues(executor)
+            for mq in queues:
+                mq._read_spin_timer = YieldingTimer()
+            if not queues:
+                log.warning("spec_compat[%s]: the executor has no reply queue with _read_spin_timer; "
+                            "the driver keeps spinning", self.id)
+            return out
+
+        bindings.wrap_method(changes, module, "MultiprocExecutor", "__init__", init)
+
+
+def reply_queues(executor: Any) -> list[Any]:
+    """The driver's reply queues of a MultiprocExecutor: ``response_mqs`` (vLLM >= 0.12)
+    or each worker handle's ``worker_response_mq`` (0.11)."""
+    found: dict[int, Any] = {}
+    candidates = list(getattr(executor, "response_mqs", None) or ())
+    candidates += [getattr(w, "worker_response_mq", None) for w in getattr(executor, "workers", None) or ()]
+    for mq in candidates:
+        if mq is not None and hasattr(mq, "_read_spin_timer"):
+            found[id(mq)] = mq
+    return list(found.values())
+
+
 def _assemble(payload: Any, order: list[tuple[str, int]]) -> list[Any]:
     """Per-request rows from the worker in input order: tensors (pickled reply) or a
     shared-memory descriptor (patch capture-handoff-shm), read straight into the output."""

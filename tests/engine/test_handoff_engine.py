@@ -96,3 +96,29 @@ def test_handoff_rows_equal_the_pickled_path(llama_dir, tmp_path):
     assert rows > 8 * 1950 * len(LAYERS)
     assert _segments() - before == set(), "shared-memory segments left in /dev/shm"
 
+
+def test_driver_reply_queues_do_not_spin(llama_dir):
+    """driver-wait-yields-cpu (CPU platform): the generator's reply queues poll through the
+    yielding timer, and extraction through them stays exact (the selftest workloads)."""
+    if not REGISTRY.get("driver-wait-yields-cpu").needed()[0]:
+        pytest.skip("driver-wait-yields-cpu is not needed with these versions")
+    code = (
+        "import spec_compat\n"
+        "from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator\n"
+        "from spec_compat.shims.polling import YieldingTimer\n"
+        "if __name__ == '__main__':\n"
+        f"    gen = VllmHiddenStatesGenerator({str(llama_dir)!r}, layer_ids=[1, 2, 3], max_model_len=1024)\n"
+        "    from spec_compat.patches.generator import reply_queues\n"
+        "    timers = [type(mq._read_spin_timer).__name__ for mq in reply_queues(gen.executor)]\n"
+        "    res = gen.generate([[5] * 700, [7] * 300])\n"
+        "    print('TIMERS', timers, [int(r['hidden_states'][0].shape[0]) for r in res])\n"
+        "    gen.executor.shutdown()\n"
+    )
+    script = Path(llama_dir).parent / "driver_wait_probe.py"
+    script.write_text(code)
+    env = {k: v for k, v in os.environ.items() if k != "SPEC_COMPAT_DISABLE"}
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600,
+                          cwd=str(ROOT))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("TIMERS"))
+    assert line == "TIMERS ['YieldingTimer'] [700, 300]", line

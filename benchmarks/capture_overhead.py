@@ -8,10 +8,10 @@ drift of this noisy machine hits every variant alike):
                  prefix caching off): prefill of the same token ids, nothing captured.
 * ``capture``  - speculators' ``VllmHiddenStatesGenerator.generate`` under spec-compat (the python
                  of the cell given by ``--python``; speculators 0.3.0 in the default cell).
-* ``capture-spin`` - ``capture`` with ``SPEC_COMPAT_DISABLE=driver-wait-yields-cpu`` (the driver waits
-                 for its worker in vLLM's sched_yield spin loop, as upstream): ``--spin``.
+* ``capture-sleep`` - ``capture`` with ``SPEC_COMPAT_DRIVER_WAIT=sleep`` (opt-in patch
+                 driver-wait-yields-cpu: the driver sleeps while its worker computes): ``--sleep``.
 * ``native04`` - the same call in a speculators 0.4.0.1 cell (``--python-04``): its own generator,
-                 with only the patches that cell needs to run (``driver-wait-yields-cpu`` off) (P3).
+                 with only the patches that cell needs (P3).
 
 usage:
     python benchmarks/capture_overhead.py [--model llama|kimi-k25|wide] [--seqs 64] [--len 512]
@@ -151,9 +151,9 @@ def run_child(py: str, variant: str, model: Path, ids_file: Path, repeats: int, 
     env.setdefault("VLLM_HOST_IP", "127.0.0.1")
     env.setdefault("VLLM_MLA_DISABLE", "1")  # the CPU platform has no MLA backend (Kimi fixture)
     env.pop("SPEC_COMPAT_DISABLE", None)
-    if variant in ("capture-spin", "native04"):
-        # native04: speculators 0.4.0.1 with only the fixes it needs to run here (no optimisation)
-        env["SPEC_COMPAT_DISABLE"] = "driver-wait-yields-cpu"
+    env.pop("SPEC_COMPAT_DRIVER_WAIT", None)
+    if variant == "capture-sleep":
+        env["SPEC_COMPAT_DRIVER_WAIT"] = "sleep"
     # own session: the engine's helper processes are killed with the child (they keep the pipes open)
     errlog = ids_file.parent / f"{variant}.stderr"
     with open(errlog, "w") as errf:
@@ -190,7 +190,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="engine starts per variant (alternating)")
     ap.add_argument("--python", default=sys.executable, help="python of the spec-compat cell (capture, plain)")
     ap.add_argument("--python-04", default=None, help="python of a speculators 0.4.0.1 cell (native04, P3)")
-    ap.add_argument("--spin", action="store_true", help="also run capture with driver-wait-yields-cpu off")
+    ap.add_argument("--sleep", action="store_true", help="also run capture with SPEC_COMPAT_DRIVER_WAIT=sleep")
     ap.add_argument("--first-round", type=int, default=0,
                     help="round number to start from (odd: reversed order first; to split a run into parts)")
     ap.add_argument("--json", default=None, help="write the results here")
@@ -212,8 +212,8 @@ def main() -> int:
         max_model_len = args.length + 8
 
         variants = [("plain", args.python), ("capture", args.python)]
-        if args.spin:
-            variants.append(("capture-spin", args.python))
+        if args.sleep:
+            variants.append(("capture-sleep", args.python))
         if args.python_04:
             variants.append(("native04", args.python_04))
         seconds: dict[str, list[float]] = {v: [] for v, _ in variants}
@@ -236,9 +236,9 @@ def main() -> int:
     summary = {v: {"min": tps(v)[0], "median": statistics.median(tps(v)), "max": tps(v)[-1], "n": len(tps(v))}
                for v in seconds}
     ratios = {"P2 capture/plain": summary["capture"]["median"] / summary["plain"]["median"]}
-    if "capture-spin" in summary:
-        ratios["P2 with the driver spinning (capture-spin/plain)"] = \
-            summary["capture-spin"]["median"] / summary["plain"]["median"]
+    if "capture-sleep" in summary:
+        ratios["P2 with the driver sleeping (capture-sleep/plain)"] = \
+            summary["capture-sleep"]["median"] / summary["plain"]["median"]
     if "native04" in summary:
         ratios["P3 capture/native04"] = summary["capture"]["median"] / summary["native04"]["median"]
     print(f"model {args.model}: {args.seqs} x {args.length} tokens ({tokens}), {args.rounds} rounds x {args.repeats} calls")

@@ -330,20 +330,28 @@ class RowsByRequestId(Patch):
         bindings.wrap_method(changes, module, "MultiprocExecutor", "collective_rpc", collective_rpc)
 
 
+#: opt-in switch of patch driver-wait-yields-cpu: "spin" (default) or "sleep"
+DRIVER_WAIT_SWITCH = "SPEC_COMPAT_DRIVER_WAIT"
+
+
 @register
 class DriverWaitYieldsCpu(Patch):
     """vLLM's ``MessageQueue.acquire_read`` (distributed/device_communicators/shm_broadcast.py)
-    spins on ``sched_yield``: speculators' driver keeps a core busy for every step its worker
-    computes.  On the CPU platform that core is the model's (2 cores: extraction at half the
-    speed of plain prefill).  The driver's reply queues poll, then sleep (<= 1 ms)."""
+    spins on ``sched_yield`` while speculators' driver waits for each worker step.  On a CPU
+    platform with other work on the machine the spinning driver takes CPU from the model's
+    threads (extraction at about half speed); on an idle machine the spin is the faster wait.
+    Opt-in: ``SPEC_COMPAT_DRIVER_WAIT=sleep`` makes the driver's reply queues poll, then sleep."""
 
     id = "driver-wait-yields-cpu"
-    summary = "on the CPU platform the driver's reply queues sleep (<= 1 ms) instead of spinning while the worker computes"
+    summary = ("opt-in (SPEC_COMPAT_DRIVER_WAIT=sleep), CPU platform: the driver's reply queues sleep "
+               "(<= 1 ms) instead of spinning while the worker computes")
     upstream = "vLLM shm_broadcast.py SpinTimer: sched_yield busy-wait in acquire_read (driver of speculators' generator)"
     target = f"{GEN}:MultiprocExecutor"
     requires = {"vllm": ">=0.11,<0.17"}  # cells that proved it; newer vLLM: re-check the wait loop
 
     def check(self, module: ModuleType) -> None:
+        import os
+
         import torch
 
         if torch.cuda.is_available():
@@ -355,6 +363,13 @@ class DriverWaitYieldsCpu(Patch):
         g.has_attrs(timer, "SpinTimer", "spin", "record_activity")
         if "_read_spin_timer" not in g.source(shm_broadcast.MessageQueue.acquire_read, "MessageQueue.acquire_read"):
             raise TargetChanged("MessageQueue.acquire_read no longer polls through _read_spin_timer")
+        mode = os.environ.get(DRIVER_WAIT_SWITCH, "spin").strip().lower() or "spin"
+        if mode not in ("spin", "sleep"):
+            raise ValueError(f"spec_compat[{self.id}]: {DRIVER_WAIT_SWITCH}={os.environ[DRIVER_WAIT_SWITCH]!r}: "
+                             "expected 'spin' (vLLM's wait, the default) or 'sleep'")
+        if mode == "spin":
+            raise NotNeeded(f"{DRIVER_WAIT_SWITCH} is not 'sleep': vLLM's spin wait kept (faster on an idle "
+                            "machine; set it to 'sleep' when other work shares the CPU)")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
         from ..shims.polling import YieldingTimer

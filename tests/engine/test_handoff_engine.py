@@ -98,8 +98,9 @@ def test_handoff_rows_equal_the_pickled_path(llama_dir, tmp_path):
 
 
 def test_driver_reply_queues_do_not_spin(llama_dir):
-    """driver-wait-yields-cpu (CPU platform): the generator's reply queues poll through the
-    yielding timer, and extraction through them stays exact (the selftest workloads)."""
+    """driver-wait-yields-cpu (CPU platform, opt-in with SPEC_COMPAT_DRIVER_WAIT=sleep): the
+    generator's reply queues poll through the yielding timer and the rows come back whole; without
+    the switch vLLM's own SpinTimer stays."""
     if not REGISTRY.get("driver-wait-yields-cpu").needed()[0]:
         pytest.skip("driver-wait-yields-cpu is not needed with these versions")
     code = (
@@ -116,9 +117,11 @@ def test_driver_reply_queues_do_not_spin(llama_dir):
     )
     script = Path(llama_dir).parent / "driver_wait_probe.py"
     script.write_text(code)
-    env = {k: v for k, v in os.environ.items() if k != "SPEC_COMPAT_DISABLE"}
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600,
-                          cwd=str(ROOT))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("TIMERS"))
-    assert line == "TIMERS ['YieldingTimer'] [700, 300]", line
+    env = {k: v for k, v in os.environ.items() if k not in ("SPEC_COMPAT_DISABLE", "SPEC_COMPAT_DRIVER_WAIT")}
+    for mode, timer in (("sleep", "YieldingTimer"), (None, "SpinTimer")):
+        run_env = dict(env, SPEC_COMPAT_DRIVER_WAIT=mode) if mode else env
+        proc = subprocess.run([sys.executable, str(script)], env=run_env, capture_output=True, text=True,
+                              timeout=600, cwd=str(ROOT))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("TIMERS"))
+        assert line == f"TIMERS [{timer!r}] [700, 300]", (mode, line)

@@ -74,12 +74,18 @@ def tested_status(versions: Mapping[str, str | None], records: Sequence[Mapping[
                 "message": "no recorded matrix results ship with this installation"}
     exact = [c for c in cells if all(c["versions"].get(k) == here[k] for k in KEYS)]
     green = [c for c in cells if c.get("last_green")]
+    applied = [r["id"] for r in records if r.get("status") == "applied"]
     if exact and exact[0].get("last_green"):
         c = exact[0]
+        # patches applied now that the recorded run did not apply (a newer spec-compat than the run)
+        unrecorded = [pid for pid in applied if c.get("patches", {}).get(pid) != "applied"]
+        msg = f"tested cell {c['cell']}, last green {c['last_green']}"
+        if unrecorded:
+            msg += (f"; {len(unrecorded)} applied patches were not in that run (added since): "
+                    f"{', '.join(unrecorded)}")
         return {"tested": True, "cell": c["cell"], "last_green": c["last_green"], "nearest": c["cell"],
-                "extrapolated": [], "message": f"tested cell {c['cell']}, last green {c['last_green']}"}
+                "extrapolated": [], "unrecorded": unrecorded, "message": msg}
     nearest = min(green or cells, key=lambda c: _distance(here, c["versions"]))
-    applied = [r["id"] for r in records if r.get("status") == "applied"]
     extrapolated = []
     for pid in applied:
         try:

@@ -27,6 +27,16 @@ def test_exact_cell_is_tested_with_its_last_green():
     assert "tested cell spec0.3.0-vllm0.16.0" in st["message"]
 
 
+def test_exact_cell_names_patches_its_recorded_run_did_not_apply():
+    records = [{"id": "cpu-rejection-sampler", "status": "applied"},
+               {"id": "generator-input-checks", "status": "applied"},
+               {"id": "scheduler-block-size", "status": "not-needed"}]
+    st = tested.tested_status(V16, records, CELLS)
+    assert st["tested"] and st["unrecorded"] == ["generator-input-checks"]
+    assert "1 applied patches were not in that run (added since): generator-input-checks" in st["message"]
+    assert tested.tested_status(V16, records[:1], CELLS)["unrecorded"] == []
+
+
 def test_untested_names_nearest_green_cell_and_extrapolated_patches():
     here = dict(V16, vllm="0.16.1")
     records = [{"id": "cpu-rejection-sampler", "status": "applied"},

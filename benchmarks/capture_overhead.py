@@ -103,7 +103,11 @@ def child(variant: str, model: str, ids_file: str, repeats: int, max_model_len: 
         import spec_compat  # noqa: F401  (before speculators)
         from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
-        gen = VllmHiddenStatesGenerator(model, max_model_len=max_model_len)
+        cfg = json.loads((Path(model) / "config.json").read_text())
+        layers = cfg.get("num_hidden_layers") or cfg.get("text_config", {}).get("num_hidden_layers", 4)
+        # speculators' default ids need >= 4 layers (the wide fixture has 2): then capture every layer
+        gen = VllmHiddenStatesGenerator(model, max_model_len=max_model_len,
+                                        layer_ids=None if layers >= 4 else list(range(layers)))
 
         def call() -> None:
             out = gen.generate(ids)

@@ -84,14 +84,14 @@ def check_inputs(token_ids: Any, vocab_size: int | None, max_len: int, patch_id:
         raise GeneratorInputError(f"spec_compat[{patch_id}]: token_ids holds no sequences")
     seqs: list[list[int]] = []
     for i, ids in enumerate(rows):
-        arr = _sequence(i, ids, patch_id)
-        low, high = min(arr), max(arr)  # C loops; the Python scan below runs only on a bad id
+        seq = _sequence(i, ids, patch_id)
+        low, high = min(seq), max(seq)  # C loops; the Python scan below runs only on a bad id
         if low < 0 or (vocab_size is not None and high >= vocab_size):
-            p = next(p for p, t in enumerate(arr) if t < 0 or (vocab_size is not None and t >= vocab_size))
+            p = next(p for p, t in enumerate(seq) if t < 0 or (vocab_size is not None and t >= vocab_size))
             raise GeneratorInputError(
-                f"spec_compat[{patch_id}]: sequence {i} position {p}: token id {arr[p]} is outside the vocabulary "
+                f"spec_compat[{patch_id}]: sequence {i} position {p}: token id {seq[p]} is outside the vocabulary "
                 f"[0, {vocab_size if vocab_size is not None else 'inf'})")
-        seqs.append(arr)
+        seqs.append(seq)
     long = [len(s) for s in seqs if len(s) > max_len]
     cut = None
     if long:

@@ -1,0 +1,92 @@
+"""P2 floor: the per-call work that hidden-state capture cannot avoid, measured alone.
+
+Whatever the generator, captured rows must be formed (``hidden + residual`` per captured layer:
+vLLM's layers hand the residual on unfused), leave the worker, and reach speculators' per-sequence
+tensors (its ``generate`` clones each sequence's slice). This times those steps with the shipped
+code (``SegmentedCapture`` -> ``materialize``) at a fixture's sizes, so their sum can be set against
+a plain prefill call of the same tokens (``capture_overhead.py``) to bound P2 from above.
+
+usage: python benchmarks/capture_floor.py [--tokens 8192] [--hidden 256] [--layers 4] [--seqs 16]
+           [--threads 2] [--repeats 15] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+STAGES = ("add hidden+residual (worker)", "write to shm (worker)", "materialize (driver)",
+          "speculators per-sequence clone (driver)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--seqs", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (the CPU worker uses one per core)")
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    if a.tokens % a.seqs:
+        ap.error("--tokens must be a multiple of --seqs")
+
+    import torch
+
+    from spec_compat.shims.handoff import SegmentedCapture, materialize
+
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    hidden = [torch.randn(a.tokens, a.hidden) for _ in range(a.layers)]
+    residual = [torch.randn(a.tokens, a.hidden) for _ in range(a.layers)]
+    reqs = [(f"r{i}", a.tokens // a.seqs) for i in range(a.seqs)]
+
+    def once() -> list[float]:
+        t0 = time.perf_counter()
+        states = [h + r for h, r in zip(hidden, residual)]
+        t1 = time.perf_counter()
+        store = SegmentedCapture(mode="shm")
+        store.begin_step(dict(reqs))
+        writer = store.forward([r for r, _ in reqs])
+        assert writer is not None
+        for s in states:
+            writer.add(s)
+        writer.close()
+        store.end_step()
+        descriptor = store.finish()
+        t2 = time.perf_counter()
+        layers = materialize(descriptor, reqs)
+        t3 = time.perf_counter()
+        off, out = 0, []
+        for _, n in reqs:
+            out.append([h[off:off + n].clone().cpu() for h in layers])
+            off += n
+        t4 = time.perf_counter()
+        assert torch.equal(out[-1][-1], states[-1][-(a.tokens // a.seqs):])
+        return [t1 - t0, t2 - t1, t3 - t2, t4 - t3]
+
+    for _ in range(3):
+        once()
+    runs = [once() for _ in range(a.repeats)]
+    ms = {name: sorted(1000 * r[i] for r in runs) for i, name in enumerate(STAGES)}
+    total = sorted(1000 * sum(r) for r in runs)
+    print(f"{a.tokens} tokens x {a.layers} layers x hidden {a.hidden} fp32 "
+          f"({a.tokens * a.layers * a.hidden * 4 / 2**20:.0f} MiB captured), {a.threads} threads, {a.repeats} runs")
+    for name, v in ms.items():
+        print(f"  {name:42s} median {statistics.median(v):6.1f} ms  (min {v[0]:.1f}, max {v[-1]:.1f})")
+    print(f"  {'sum':42s} median {statistics.median(total):6.1f} ms")
+    if a.json:
+        a.json.write_text(json.dumps({"args": {k: v for k, v in vars(a).items() if k != "json"},
+                                      "ms": ms, "sum_ms": total}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

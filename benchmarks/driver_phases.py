@@ -1,0 +1,92 @@
+"""P2: where one ``generate()`` call of speculators' generator spends its time, seen from the driver.
+
+Wraps the generator's executor (``execute_model``, ``collective_rpc`` per method) and scheduler
+(``schedule``, ``add_request``) with timers, runs warm-up calls, then timed calls; prints each
+phase in ms per call next to the call itself. ``execute_model`` is the worker's step (model forward
+with capture, as the driver waits for it); ``rpc:_get_captured_states`` includes the hand-off
+(``materialize``); what is left of a call is speculators' own Python (request set-up, the
+per-sequence clone). Run it in a cell's python, alone on the machine.
+
+usage: python benchmarks/driver_phases.py MODEL_DIR [--seqs 16] [--len 512] [--calls 8] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--seqs", type=int, default=16)
+    ap.add_argument("--len", dest="length", type=int, default=512)
+    ap.add_argument("--calls", type=int, default=8)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    os.environ.setdefault("VLLM_MLA_DISABLE", "1")
+
+    import spec_compat  # noqa: F401  (before speculators)
+    from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
+
+    cfg = json.loads((Path(a.model) / "config.json").read_text())
+    vocab = cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size", 512)
+    rng = random.Random(0)
+    ids = [[rng.randrange(4, vocab) for _ in range(a.length)] for _ in range(a.seqs)]
+    gen = VllmHiddenStatesGenerator(a.model, max_model_len=a.length + 8)
+    phases: dict[str, float] = collections.defaultdict(float)
+
+    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            key = f"rpc:{args[0]}" if name == "rpc" and args and isinstance(args[0], str) else name
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                phases[key] += time.perf_counter() - t
+        return wrapper
+
+    ex, sched = gen.executor, gen.scheduler
+    ex.execute_model = timed("execute_model", ex.execute_model)
+    ex.collective_rpc = timed("rpc", ex.collective_rpc)
+    sched.schedule = timed("schedule", sched.schedule)
+    sched.add_request = timed("add_request", sched.add_request)
+    for _ in range(2):
+        gen.generate(ids)
+    phases.clear()
+    calls = []
+    for _ in range(a.calls):
+        t = time.perf_counter()
+        gen.generate(ids)
+        calls.append(time.perf_counter() - t)
+    per_call = {k: 1000 * v / a.calls for k, v in sorted(phases.items())}
+    mean = 1000 * statistics.mean(calls)
+    # execute_model's RPCs are inside execute_model: count them once
+    outside = mean - sum(v for k, v in per_call.items() if k not in ("rpc:execute_model", "rpc:sample_tokens"))
+    print(f"{a.seqs} x {a.length} tokens, {a.calls} calls: mean {mean:.1f} ms per call "
+          f"(median {1000 * statistics.median(calls):.1f}, min {1000 * min(calls):.1f}, max {1000 * max(calls):.1f})")
+    for k, v in per_call.items():
+        print(f"  {k:28s} {v:7.1f} ms/call  ({100 * v / mean:4.1f} %)")
+    print(f"  {'rest of generate()':28s} {outside:7.1f} ms/call  ({100 * outside / mean:4.1f} %)")
+    if a.json:
+        a.json.write_text(json.dumps({"model": Path(a.model).name, "seqs": a.seqs, "len": a.length,
+                                      "call_ms": [1000 * c for c in calls], "phase_ms_per_call": per_call,
+                                      "rest_ms_per_call": outside}, indent=1))
+    sys.stdout.flush()
+    os._exit(0)  # engine teardown is not measured
+
+
+if __name__ == "__main__":
+    main()

@@ -3,7 +3,9 @@
 Whatever the generator, captured rows must be formed (``hidden + residual`` per captured layer:
 vLLM's layers hand the residual on unfused), leave the worker, and reach speculators' per-sequence
 tensors (its ``generate`` clones each sequence's slice). This times those steps with the shipped
-code (``SegmentedCapture`` -> ``materialize``) at a fixture's sizes, so their sum can be set against
+code (``SegmentedCapture`` -> ``materialize``) at a fixture's sizes, the driver's part both ways
+(``mapped``: one-piece layers returned as views of the segment, the default; ``copied``:
+``map_pages=False``), so their sum can be set against
 a plain prefill call of the same tokens (``capture_overhead.py``) to bound P2 from above.
 
 usage: python benchmarks/capture_floor.py [--tokens 8192] [--hidden 256] [--layers 4] [--seqs 16]
@@ -23,6 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 STAGES = ("add hidden+residual (worker)", "write to shm (worker)", "materialize (driver)",
           "speculators per-sequence clone (driver)")
+#: materialize's two ways, timed side by side (alternating runs): layers as views of the mapped
+#: segment (shipped default) or copied into fresh tensors (``map_pages=False``)
+MODES = ("mapped", "copied")
 
 
 def main() -> int:
@@ -48,7 +53,7 @@ def main() -> int:
     residual = [torch.randn(a.tokens, a.hidden) for _ in range(a.layers)]
     reqs = [(f"r{i}", a.tokens // a.seqs) for i in range(a.seqs)]
 
-    def once() -> list[float]:
+    def once(mode: str) -> list[float]:
         t0 = time.perf_counter()
         states = [h + r for h, r in zip(hidden, residual)]
         t1 = time.perf_counter()
@@ -62,7 +67,7 @@ def main() -> int:
         store.end_step()
         descriptor = store.finish()
         t2 = time.perf_counter()
-        layers = materialize(descriptor, reqs)
+        layers = materialize(descriptor, reqs, map_pages=mode == "mapped")
         t3 = time.perf_counter()
         off, out = 0, []
         for _, n in reqs:
@@ -70,21 +75,35 @@ def main() -> int:
             off += n
         t4 = time.perf_counter()
         assert torch.equal(out[-1][-1], states[-1][-(a.tokens // a.seqs):])
+        del layers
         return [t1 - t0, t2 - t1, t3 - t2, t4 - t3]
 
     for _ in range(3):
-        once()
-    runs = [once() for _ in range(a.repeats)]
-    ms = {name: sorted(1000 * r[i] for r in runs) for i, name in enumerate(STAGES)}
-    total = sorted(1000 * sum(r) for r in runs)
+        for mode in MODES:
+            once(mode)
+    runs: dict[str, list[list[float]]] = {m: [] for m in MODES}
+    for _ in range(a.repeats):
+        for mode in MODES:
+            runs[mode].append(once(mode))
     print(f"{a.tokens} tokens x {a.layers} layers x hidden {a.hidden} fp32 "
-          f"({a.tokens * a.layers * a.hidden * 4 / 2**20:.0f} MiB captured), {a.threads} threads, {a.repeats} runs")
-    for name, v in ms.items():
-        print(f"  {name:42s} median {statistics.median(v):6.1f} ms  (min {v[0]:.1f}, max {v[-1]:.1f})")
-    print(f"  {'sum':42s} median {statistics.median(total):6.1f} ms")
+          f"({a.tokens * a.layers * a.hidden * 4 / 2**20:.0f} MiB captured), {a.threads} threads, {a.repeats} runs "
+          "of each mode, alternating")
+    result: dict[str, dict] = {}
+    for mode in MODES:
+        ms = {name: sorted(1000 * r[i] for r in runs[mode]) for i, name in enumerate(STAGES)}
+        total = sorted(1000 * sum(r) for r in runs[mode])
+        driver = sorted(1000 * (r[2] + r[3]) for r in runs[mode])
+        print(f" materialize {mode}:")
+        for name, v in ms.items():
+            print(f"  {name:42s} median {statistics.median(v):6.1f} ms  (min {v[0]:.1f}, max {v[-1]:.1f})")
+        print(f"  {'driver (materialize + clone)':42s} median {statistics.median(driver):6.1f} ms")
+        print(f"  {'sum':42s} median {statistics.median(total):6.1f} ms")
+        result[mode] = {"ms": ms, "driver_ms": driver, "sum_ms": total}
+    ratio = statistics.median(result["copied"]["driver_ms"]) / statistics.median(result["mapped"]["driver_ms"])
+    print(f" driver time copied / mapped: {ratio:.2f}x")
     if a.json:
         a.json.write_text(json.dumps({"args": {k: v for k, v in vars(a).items() if k != "json"},
-                                      "ms": ms, "sum_ms": total}, indent=1))
+                                      "modes": result, "driver_copied_over_mapped": ratio}, indent=1))
     return 0
 
 

@@ -15,7 +15,14 @@ drift of this noisy machine hits every variant alike):
 
 usage:
     python benchmarks/capture_overhead.py [--model llama|kimi-k25|wide] [--seqs 64] [--len 512]
-        [--repeats 3] [--rounds 2] [--python PY] [--python-04 PY] [--json OUT]
+        [--repeats 3] [--rounds 2 | --interleave CYCLES] [--python PY] [--python-04 PY] [--json OUT]
+
+``--rounds``: each variant's engine is started ``rounds`` times (alternating order) and timed for
+``repeats`` calls.  With ``--interleave CYCLES`` every round starts one engine per variant and
+keeps each frozen (SIGSTOP) while another runs; the variants take turns one call at a time, the
+order rotating each cycle, and the ratios are also given per cycle (median and quartiles of the
+cycle-by-cycle ratios) and per round: drift of the machine hits neighbouring calls alike, and the
+rounds sample the speed an engine instance keeps for its whole life.
 
 Prints tokens/s per variant (min / median / max over every timed repeat) and the ratios
 capture/plain (P2, goal >= 0.95) and capture/native04 (P3, goal >= 1.0).  Engine start-up
@@ -129,17 +136,33 @@ def child(variant: str, model: str, ids_file: str, repeats: int, max_model_len: 
                 pass
         return out
 
-    call()  # warm-up
-    times, cpu_front, cpu_engine = [], [], []
-    for _ in range(repeats):
+    def timed() -> tuple[float, float, float]:
+        """(wall seconds, CPU seconds of this process, CPU seconds of the engine below it)."""
         before = cpu()
         t = time.perf_counter()
         call()
-        times.append(time.perf_counter() - t)
+        seconds = time.perf_counter() - t
         after = cpu()
         delta = {pid: after[pid] - before.get(pid, 0.0) for pid in after}
-        cpu_front.append(delta.pop(me.pid))
-        cpu_engine.append(sum(delta.values()))
+        front = delta.pop(me.pid)
+        return seconds, front, sum(delta.values())
+
+    call()  # warm-up
+    if repeats == 0:  # interleaved: one timed call per "go" line from the parent, until EOF
+        print("SPEC_COMPAT_READY", flush=True)
+        for line in sys.stdin:
+            if line.strip() != "go":
+                break
+            seconds, front, engine = timed()
+            print("SPEC_COMPAT_CALL " + json.dumps({"variant": variant, "tokens": tokens, "seconds": seconds,
+                                                    "cpu_front": front, "cpu_engine": engine}), flush=True)
+        return
+    times, cpu_front, cpu_engine = [], [], []
+    for _ in range(repeats):
+        seconds, front, engine = timed()
+        times.append(seconds)
+        cpu_front.append(front)
+        cpu_engine.append(engine)
     # the parent kills this process group once it has the line (engine teardown is not measured)
     print("SPEC_COMPAT_RESULT " + json.dumps({"variant": variant, "tokens": tokens, "seconds": times,
                                               "cpu_front": cpu_front, "cpu_engine": cpu_engine}), flush=True)
@@ -149,7 +172,7 @@ def child(variant: str, model: str, ids_file: str, repeats: int, max_model_len: 
 # ---------------------------------------------------------------- parent
 
 
-def run_child(py: str, variant: str, model: Path, ids_file: Path, repeats: int, max_model_len: int) -> dict:
+def child_env(variant: str) -> dict[str, str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     env.setdefault("VLLM_HOST_IP", "127.0.0.1")
@@ -158,6 +181,11 @@ def run_child(py: str, variant: str, model: Path, ids_file: Path, repeats: int, 
     env.pop("SPEC_COMPAT_DRIVER_WAIT", None)
     if variant == "capture-sleep":
         env["SPEC_COMPAT_DRIVER_WAIT"] = "sleep"
+    return env
+
+
+def run_child(py: str, variant: str, model: Path, ids_file: Path, repeats: int, max_model_len: int) -> dict:
+    env = child_env(variant)
     # own session: the engine's helper processes are killed with the child (they keep the pipes open)
     errlog = ids_file.parent / f"{variant}.stderr"
     with open(errlog, "w") as errf:
@@ -182,6 +210,86 @@ def run_child(py: str, variant: str, model: Path, ids_file: Path, repeats: int, 
     return json.loads(line[len("SPEC_COMPAT_RESULT "):])
 
 
+class PausedEngine:
+    """A child holding a warmed-up engine, frozen (SIGSTOP on its whole process group) except
+    while it runs one timed call: variants take turns call by call, so drift of the machine
+    hits neighbouring calls of every variant alike, and a frozen engine's idle polling takes
+    no CPU from the one being timed."""
+
+    def __init__(self, py: str, variant: str, model: Path, ids_file: Path, max_model_len: int) -> None:
+        self.variant = variant
+        self.errlog = ids_file.parent / f"{variant}.stderr"
+        with open(self.errlog, "w") as errf:
+            self.proc = subprocess.Popen([py, __file__, "--child", variant, str(model), str(ids_file), "0",
+                                          str(max_model_len)], env=child_env(variant), stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=errf, text=True, start_new_session=True)
+        self._expect("SPEC_COMPAT_READY")
+        self._signal(signal.SIGSTOP)
+
+    def _signal(self, sig: int) -> None:
+        os.killpg(self.proc.pid, sig)
+
+    def _expect(self, prefix: str) -> str:
+        for ln in self.proc.stdout:  # type: ignore[union-attr]
+            if ln.startswith(prefix):
+                return ln[len(prefix):].strip()
+        self.kill()
+        raise SystemExit(f"{self.variant} failed (exit {self.proc.returncode}):\n{self.errlog.read_text()[-3000:]}")
+
+    def call(self) -> dict:
+        self._signal(signal.SIGCONT)
+        try:
+            self.proc.stdin.write("go\n")  # type: ignore[union-attr]
+            self.proc.stdin.flush()  # type: ignore[union-attr]
+            return json.loads(self._expect("SPEC_COMPAT_CALL "))
+        finally:
+            if self.proc.poll() is None:
+                self._signal(signal.SIGSTOP)
+
+    def kill(self) -> None:
+        try:
+            self._signal(signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+def interleaved(variants: list[tuple[str, str]], model: Path, ids_file: Path, cycles: int,
+                max_model_len: int) -> tuple[dict[str, list[float]], dict[str, dict[str, list[float]]], int]:
+    """``cycles`` x one call of every variant, the order rotating from cycle to cycle."""
+    engines: list[PausedEngine] = []
+    seconds: dict[str, list[float]] = {v: [] for v, _ in variants}
+    cpu: dict[str, dict[str, list[float]]] = {v: {"front": [], "engine": []} for v, _ in variants}
+    tokens = 0
+    try:
+        for variant, py in variants:  # one engine starts at a time, the others frozen
+            engines.append(PausedEngine(py, variant, model, ids_file, max_model_len))
+            print(f"{variant} ready", file=sys.stderr, flush=True)
+        for c in range(cycles):
+            k = c % len(engines)
+            line = []
+            for eng in engines[k:] + engines[:k]:
+                res = eng.call()
+                seconds[eng.variant].append(res["seconds"])
+                cpu[eng.variant]["front"].append(res["cpu_front"])
+                cpu[eng.variant]["engine"].append(res["cpu_engine"])
+                tokens = res["tokens"]
+                line.append(f"{eng.variant} {tokens / res['seconds']:7.0f}")
+            print(f"cycle {c + 1:3d}: " + "  ".join(line) + " tok/s", file=sys.stderr, flush=True)
+    finally:
+        for eng in engines:
+            eng.kill()
+    return seconds, cpu, tokens
+
+
+def paired(seconds: dict[str, list[float]], num: str, den: str) -> dict[str, float]:
+    """Throughput ratio num/den per cycle (den's time / num's time of the same cycle)."""
+    r = sorted(d / n for n, d in zip(seconds[num], seconds[den]))
+    q = statistics.quantiles(r, n=4) if len(r) >= 2 else [r[0]] * 3
+    return {"median": statistics.median(r), "q1": q[0], "q3": q[2], "min": r[0], "max": r[-1],
+            "share_ge_1": sum(x >= 1.0 for x in r) / len(r), "n": len(r)}
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
@@ -197,6 +305,10 @@ def main() -> int:
     ap.add_argument("--sleep", action="store_true", help="also run capture with SPEC_COMPAT_DRIVER_WAIT=sleep")
     ap.add_argument("--first-round", type=int, default=0,
                     help="round number to start from (odd: reversed order first; to split a run into parts)")
+    ap.add_argument("--interleave", type=int, default=0, metavar="CYCLES",
+                    help="per round, every variant's engine stays up (frozen while another runs) and the "
+                         "variants take turns for CYCLES cycles of one call each (--repeats is then unused); "
+                         "ratios per cycle and per round")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
 
@@ -223,7 +335,20 @@ def main() -> int:
         seconds: dict[str, list[float]] = {v: [] for v, _ in variants}
         cpu: dict[str, dict[str, list[float]]] = {v: {"front": [], "engine": []} for v, _ in variants}
         tokens = 0
-        for r in range(args.rounds):
+        rounds: list[dict[str, list[float]]] = []  # interleaved: each round's seconds per variant
+        for r in range(args.rounds if args.interleave else 0):
+            # fresh engines every round: an engine instance keeps its own speed for its whole life
+            # (measured: P2 per cycle 0.87 with one pair of engines, 0.99 with the next), so the
+            # cycles of one round are paired and the rounds are the independent samples
+            print(f"round {r + 1}", file=sys.stderr, flush=True)
+            rs, rc, tokens = interleaved(variants if r % 2 == 0 else variants[::-1], model, ids_file,
+                                         args.interleave, max_model_len)
+            rounds.append(rs)
+            for v in rs:
+                seconds[v].extend(rs[v])
+                cpu[v]["front"].extend(rc[v]["front"])
+                cpu[v]["engine"].extend(rc[v]["engine"])
+        for r in range(0 if args.interleave else args.rounds):
             order = variants if (r + args.first_round) % 2 == 0 else variants[::-1]
             for variant, py in order:
                 res = run_child(py, variant, model, ids_file, args.repeats, max_model_len)
@@ -245,7 +370,23 @@ def main() -> int:
             summary["capture-sleep"]["median"] / summary["plain"]["median"]
     if "native04" in summary:
         ratios["P3 capture/native04"] = summary["capture"]["median"] / summary["native04"]["median"]
-    print(f"model {args.model}: {args.seqs} x {args.length} tokens ({tokens}), {args.rounds} rounds x {args.repeats} calls")
+    per_cycle: dict[str, dict] = {}
+    if args.interleave:
+        pairs = [("P2 capture/plain", "capture", "plain")]
+        if "capture-sleep" in seconds:
+            pairs.append(("P2 with the driver sleeping (capture-sleep/plain)", "capture-sleep", "plain"))
+        if "native04" in seconds:
+            pairs.append(("P3 capture/native04", "capture", "native04"))
+        for name, num, den in pairs:
+            per_cycle[name] = paired(seconds, num, den)
+            per_round = [paired(rs, num, den)["median"] for rs in rounds]
+            per_cycle[name]["per_round_medians"] = per_round
+            per_cycle[name]["median_of_rounds"] = statistics.median(per_round)
+        print(f"model {args.model}: {args.seqs} x {args.length} tokens ({tokens}), interleaved, "
+              f"{args.rounds} rounds (fresh engines) x {args.interleave} cycles")
+    else:
+        print(f"model {args.model}: {args.seqs} x {args.length} tokens ({tokens}), {args.rounds} rounds x "
+              f"{args.repeats} calls")
     for v, s in summary.items():
         print(f"  {v:9s} tok/s min {s['min']:9.0f}  median {s['median']:9.0f}  max {s['max']:9.0f}  (n={s['n']})")
     # CPU seconds per 1000 tokens: the work each variant does, which the wall clock of a shared
@@ -262,11 +403,18 @@ def main() -> int:
         ratios["P3 CPU engine native04/capture"] = cpu_summary["native04"]["engine"] / cpu_summary["capture"]["engine"]
     for k, v in ratios.items():
         print(f"  {k}: {v:.3f}")
+    for k, v in per_cycle.items():
+        print(f"  {k} per cycle: median {v['median']:.3f}  quartiles {v['q1']:.3f} .. {v['q3']:.3f}  "
+              f"min {v['min']:.3f}  max {v['max']:.3f}  (>= 1.0 in {v['share_ge_1']:.0%} of {v['n']})")
+        print(f"    per round (median of its cycles): " + " ".join(f"{x:.3f}" for x in v["per_round_medians"])
+              + f"  -> median of rounds {v['median_of_rounds']:.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"model": args.model, "seqs": args.seqs, "len": args.length,
                                                "tokens": tokens, "engine": ENGINE, "summary": summary,
                                                "seconds": seconds, "cpu_per_1k_tokens": cpu_summary,
-                                               "cpu_seconds": cpu, "ratios": ratios}, indent=2) + "\n")
+                                               "cpu_seconds": cpu, "ratios": ratios,
+                                               "interleave_cycles": args.interleave, "per_cycle": per_cycle},
+                                              indent=2) + "\n")
     return 0
 
 

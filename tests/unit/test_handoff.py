@@ -179,6 +179,52 @@ def test_layer_by_layer_writer_equals_whole_step():
     assert _segments(os.getpid()) == set()
 
 
+def _mapped_segments() -> set[str]:
+    """Names of this process's mappings of (unlinked) capture segments."""
+    with open("/proc/self/maps") as f:
+        return {ln.split("/dev/shm/")[1].split()[0] for ln in f
+                if "/dev/shm/" + segment_prefix() in ln}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_one_step_in_input_order_is_mapped_not_copied(worker, dtype):
+    """A call that ran in one step, requests in input order: each layer's rows are one range
+    of a segment, returned as a view of its pages (no copy); the name is unlinked at once
+    and the pages go with the last tensor.  Byte-identical to the reference; writable."""
+    import gc
+
+    step = [("a", 7), ("b", 300), ("c", 45)]
+    spec = dict(steps=[step], dtype=dtype, hidden=40, layers=3, pad=3, seed=5, segment_bytes=1 << 20)
+    pid, desc = worker(spec)
+    out = materialize(desc, step)
+    ref = _reference([step], _layers([step], getattr(torch, dtype), 40, 3, 3, 5), step)
+    assert all(_same_bytes(o, r) for o, r in zip(out, ref))
+    assert _segments(pid) == set()  # unlinked ...
+    assert set(desc.segments) <= _mapped_segments()  # ... and mapped here
+    out[1][0, 0] = 1.5  # writable (its own pages: nothing else sees them)
+    assert float(out[1][0, 0]) == 1.5
+    rows = [o[50:60].clone() for o in out]
+    del out
+    gc.collect()
+    assert not set(desc.segments) & _mapped_segments()  # unmapped with the tensors
+    assert all(_same_bytes(r, x[50:60]) for r, x in zip(rows, ref))
+
+
+def test_rows_out_of_order_or_over_steps_are_copied(worker):
+    """Requests in another order than the input, or one request over two steps: the layers
+    are read into fresh tensors and nothing stays mapped."""
+    for steps, order in (([[("b", 4), ("a", 6)]], [("a", 6), ("b", 4)]),
+                         ([[("a", 5)], [("a", 3)]], [("a", 8)])):
+        pid, desc = worker(dict(steps=steps, dtype="float32", hidden=16, layers=2, pad=0, seed=9,
+                                segment_bytes=1 << 20))
+        out = materialize(desc, order)
+        ref = _reference(steps, _layers(steps, torch.float32, 16, 2, 0, 9), order)
+        assert all(_same_bytes(o, r) for o, r in zip(out, ref))
+        assert not set(desc.segments) & _mapped_segments()
+        assert _segments(pid) == set()
+
+
 def test_row_count_error_names_requests_and_leaks_no_segment(worker):
     before = _segments()
     pid, desc = worker(dict(steps=STEPS, dtype="float32", hidden=8, layers=2, pad=0, seed=1,

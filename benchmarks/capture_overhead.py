@@ -10,12 +10,16 @@ drift of this noisy machine hits every variant alike):
                  of the cell given by ``--python``; speculators 0.3.0 in the default cell).
 * ``capture-sleep`` - ``capture`` with ``SPEC_COMPAT_DRIVER_WAIT=sleep`` (opt-in patch
                  driver-wait-yields-cpu: the driver sleeps while its worker computes): ``--sleep``.
+* ``capture-copied`` - ``capture`` with the hand-off's driver side copying every layer into fresh
+                 tensors (``materialize(..., map_pages=False)``, the shipped path before layers were
+                 returned as views of the mapped segment): ``--copied``.
 * ``native04`` - the same call in a speculators 0.4.0.1 cell (``--python-04``): its own generator,
                  with only the patches that cell needs (P3).
 
 usage:
     python benchmarks/capture_overhead.py [--model llama|kimi-k25|wide] [--seqs 64] [--len 512]
-        [--repeats 3] [--rounds 2 | --interleave CYCLES] [--python PY] [--python-04 PY] [--json OUT]
+        [--repeats 3] [--rounds 2 | --interleave CYCLES] [--sleep] [--copied] [--python PY] [--python-04 PY]
+        [--json OUT]
 
 ``--rounds``: each variant's engine is started ``rounds`` times (alternating order) and timed for
 ``repeats`` calls.  With ``--interleave CYCLES`` every round starts one engine per variant and
@@ -108,6 +112,12 @@ def child(variant: str, model: str, ids_file: str, repeats: int, max_model_len: 
             assert len(out) == len(ids)
     else:
         import spec_compat  # noqa: F401  (before speculators)
+        if variant == "capture-copied":
+            import functools
+
+            from spec_compat.shims import handoff
+
+            handoff.materialize = functools.partial(handoff.materialize, map_pages=False)
         from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
         cfg = json.loads((Path(model) / "config.json").read_text())
@@ -303,6 +313,8 @@ def main() -> int:
     ap.add_argument("--python", default=sys.executable, help="python of the spec-compat cell (capture, plain)")
     ap.add_argument("--python-04", default=None, help="python of a speculators 0.4.0.1 cell (native04, P3)")
     ap.add_argument("--sleep", action="store_true", help="also run capture with SPEC_COMPAT_DRIVER_WAIT=sleep")
+    ap.add_argument("--copied", action="store_true",
+                    help="also run capture with the driver copying every layer (map_pages=False)")
     ap.add_argument("--first-round", type=int, default=0,
                     help="round number to start from (odd: reversed order first; to split a run into parts)")
     ap.add_argument("--interleave", type=int, default=0, metavar="CYCLES",
@@ -330,6 +342,8 @@ def main() -> int:
         variants = [("plain", args.python), ("capture", args.python)]
         if args.sleep:
             variants.append(("capture-sleep", args.python))
+        if args.copied:
+            variants.append(("capture-copied", args.python))
         if args.python_04:
             variants.append(("native04", args.python_04))
         seconds: dict[str, list[float]] = {v: [] for v, _ in variants}
@@ -375,6 +389,9 @@ def main() -> int:
         pairs = [("P2 capture/plain", "capture", "plain")]
         if "capture-sleep" in seconds:
             pairs.append(("P2 with the driver sleeping (capture-sleep/plain)", "capture-sleep", "plain"))
+        if "capture-copied" in seconds:
+            pairs.append(("capture/capture-copied (pages mapped vs copied)", "capture", "capture-copied"))
+            pairs.append(("P2 with copied layers (capture-copied/plain)", "capture-copied", "plain"))
         if "native04" in seconds:
             pairs.append(("P3 capture/native04", "capture", "native04"))
         for name, num, den in pairs:

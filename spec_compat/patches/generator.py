@@ -401,7 +401,8 @@ def reply_queues(executor: Any) -> list[Any]:
 
 def _assemble(payload: Any, order: list[tuple[str, int]]) -> list[Any]:
     """Per-request rows from the worker in input order: tensors (pickled reply) or a
-    shared-memory descriptor (patch capture-handoff-shm), read straight into the output."""
+    shared-memory descriptor (patch capture-handoff-shm): a one-step layer is a view of its
+    mapped segment, the others are read straight into the output."""
     from ..shims.capture import assemble_in_order
 
     if type(payload).__name__ == "HandoffDescriptor":

@@ -96,6 +96,47 @@ def token_ids(seqs: int, length: int, vocab: int, seed: int = 0) -> list[list[in
 # ---------------------------------------------------------------- child process
 
 
+def predict_wait(executor) -> None:
+    """Experiment (variant ``capture-predict``): while the driver waits for ``execute_model``,
+    sleep once for 80 % of the previous steps' duration (moving average), then poll as vLLM does,
+    so the driver leaves the worker's cores alone for most of a step with a single wake-up."""
+    from spec_compat.patches.generator import reply_queues
+
+    state = {"expect": 0.0, "avg": 0.0}
+
+    class PredictingTimer:
+        def __init__(self) -> None:
+            self.fresh = True
+
+        def record_activity(self) -> None:
+            self.fresh = True
+
+        def spin(self) -> None:
+            if self.fresh and state["expect"] > 0:
+                time.sleep(state["expect"])
+                state["expect"] = 0.0  # once per step, however many reads the step takes
+            self.fresh = False
+            os.sched_yield()
+
+    queues = reply_queues(executor)
+    assert queues, "no reply queue to time"
+    for mq in queues:
+        mq._read_spin_timer = PredictingTimer()
+    inner = executor.execute_model
+
+    def execute_model(*args, **kwargs):
+        state["expect"] = 0.8 * state["avg"]
+        t = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            state["expect"] = 0.0
+            d = time.perf_counter() - t
+            state["avg"] = d if not state["avg"] else 0.5 * (state["avg"] + d)
+
+    executor.execute_model = execute_model
+
+
 def child(variant: str, model: str, ids_file: str, repeats: int, max_model_len: int) -> None:
     ids = json.loads(Path(ids_file).read_text())
     tokens = sum(len(s) for s in ids)
@@ -125,6 +166,9 @@ def child(variant: str, model: str, ids_file: str, repeats: int, max_model_len: 
         # speculators' default ids need >= 4 layers (the wide fixture has 2): then capture every layer
         gen = VllmHiddenStatesGenerator(model, max_model_len=max_model_len,
                                         layer_ids=None if layers >= 4 else list(range(layers)))
+
+        if variant == "capture-predict":
+            predict_wait(gen.executor)
 
         def call() -> None:
             out = gen.generate(ids)
@@ -315,6 +359,9 @@ def main() -> int:
     ap.add_argument("--sleep", action="store_true", help="also run capture with SPEC_COMPAT_DRIVER_WAIT=sleep")
     ap.add_argument("--copied", action="store_true",
                     help="also run capture with the driver copying every layer (map_pages=False)")
+    ap.add_argument("--predict", action="store_true",
+                    help="also run capture with the driver sleeping once per step for 80%% of the last steps' "
+                         "time (experiment)")
     ap.add_argument("--first-round", type=int, default=0,
                     help="round number to start from (odd: reversed order first; to split a run into parts)")
     ap.add_argument("--interleave", type=int, default=0, metavar="CYCLES",
@@ -344,6 +391,8 @@ def main() -> int:
             variants.append(("capture-sleep", args.python))
         if args.copied:
             variants.append(("capture-copied", args.python))
+        if args.predict:
+            variants.append(("capture-predict", args.python))
         if args.python_04:
             variants.append(("native04", args.python_04))
         seconds: dict[str, list[float]] = {v: [] for v, _ in variants}
@@ -392,6 +441,9 @@ def main() -> int:
         if "capture-copied" in seconds:
             pairs.append(("capture/capture-copied (pages mapped vs copied)", "capture", "capture-copied"))
             pairs.append(("P2 with copied layers (capture-copied/plain)", "capture-copied", "plain"))
+        if "capture-predict" in seconds:
+            pairs.append(("capture-predict/capture (one sleep per step vs spin)", "capture-predict", "capture"))
+            pairs.append(("P2 with one sleep per step (capture-predict/plain)", "capture-predict", "plain"))
         if "native04" in seconds:
             pairs.append(("P3 capture/native04", "capture", "native04"))
         for name, num, den in pairs:

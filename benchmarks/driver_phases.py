@@ -7,7 +7,10 @@ with capture, as the driver waits for it); ``rpc:_get_captured_states`` includes
 (``materialize``); what is left of a call is speculators' own Python (request set-up, the
 per-sequence clone). Run it in a cell's python, alone on the machine.
 
-usage: python benchmarks/driver_phases.py MODEL_DIR [--seqs 16] [--len 512] [--calls 8] [--json OUT]
+usage: python benchmarks/driver_phases.py MODEL_DIR [--seqs 16] [--len 512] [--calls 8] [--plain] [--json OUT]
+
+``--plain`` times plain vLLM prefill of the same ids instead (``LLM``, engine core in-process), with
+its executor's ``execute_model`` / ``sample_tokens``, for a side-by-side reading of the worker step.
 """
 
 from __future__ import annotations
@@ -33,20 +36,26 @@ def main() -> int:
     ap.add_argument("--len", dest="length", type=int, default=512)
     ap.add_argument("--calls", type=int, default=8)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--plain", action="store_true",
+                    help="time plain vLLM prefill instead (LLM(...), max_tokens=1, engine core in this process "
+                         "so its executor's execute_model can be timed)")
     a = ap.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
     os.environ.setdefault("VLLM_MLA_DISABLE", "1")
 
-    import spec_compat  # noqa: F401  (before speculators)
-    from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
-
     cfg = json.loads((Path(a.model) / "config.json").read_text())
     vocab = cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size", 512)
     rng = random.Random(0)
     ids = [[rng.randrange(4, vocab) for _ in range(a.length)] for _ in range(a.seqs)]
-    gen = VllmHiddenStatesGenerator(a.model, max_model_len=a.length + 8)
     phases: dict[str, float] = collections.defaultdict(float)
+    if a.plain:
+        return plain_phases(a, ids, phases)
+
+    import spec_compat  # noqa: F401  (before speculators)
+    from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
+
+    gen = VllmHiddenStatesGenerator(a.model, max_model_len=a.length + 8)
 
     def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -86,6 +95,53 @@ def main() -> int:
                                       "rest_ms_per_call": outside}, indent=1))
     sys.stdout.flush()
     os._exit(0)  # engine teardown is not measured
+
+
+def plain_phases(a: argparse.Namespace, ids: list[list[int]], phases: dict[str, float]) -> int:
+    """The same call as capture_overhead.py's ``plain`` variant, engine core in this process."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=a.model, enforce_eager=True, max_model_len=a.length + 8, enable_prefix_caching=False,
+              dtype="auto", trust_remote_code=True, block_size=16, max_num_seqs=32, max_num_batched_tokens=8192)
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+    prompts = [{"prompt_token_ids": s} for s in ids]
+    core = llm.llm_engine.engine_core.engine_core  # InprocClient -> EngineCore
+    ex = core.model_executor
+    for name in ("execute_model", "sample_tokens"):
+        fn = getattr(ex, name, None)
+        if fn is None:
+            continue
+
+        def wrapper(*args: Any, _fn: Callable[..., Any] = fn, _name: str = name, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return _fn(*args, **kwargs)
+            finally:
+                phases[_name] += time.perf_counter() - t
+        setattr(ex, name, wrapper)
+    for _ in range(2):
+        llm.generate(prompts, params, use_tqdm=False)
+    phases.clear()
+    calls = []
+    for _ in range(a.calls):
+        t = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        calls.append(time.perf_counter() - t)
+    per_call = {k: 1000 * v / a.calls for k, v in sorted(phases.items())}
+    mean = 1000 * statistics.mean(calls)
+    outside = mean - sum(per_call.values())
+    print(f"plain: {a.seqs} x {a.length} tokens, {a.calls} calls: mean {mean:.1f} ms per call "
+          f"(median {1000 * statistics.median(calls):.1f}, min {1000 * min(calls):.1f}, max {1000 * max(calls):.1f})")
+    for k, v in per_call.items():
+        print(f"  {k:28s} {v:7.1f} ms/call  ({100 * v / mean:4.1f} %)")
+    print(f"  {'rest of generate()':28s} {outside:7.1f} ms/call  ({100 * outside / mean:4.1f} %)")
+    if a.json:
+        a.json.write_text(json.dumps({"model": Path(a.model).name, "variant": "plain", "seqs": a.seqs,
+                                      "len": a.length, "call_ms": [1000 * c for c in calls],
+                                      "phase_ms_per_call": per_call, "rest_ms_per_call": outside}, indent=1))
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -212,13 +212,14 @@ def test_one_step_in_input_order_is_mapped_not_copied(worker, dtype):
 
 
 def test_rows_out_of_order_or_over_steps_are_copied(worker):
-    """Requests in another order than the input, or one request over two steps: the layers
-    are read into fresh tensors and nothing stays mapped."""
-    for steps, order in (([[("b", 4), ("a", 6)]], [("a", 6), ("b", 4)]),
-                         ([[("a", 5)], [("a", 3)]], [("a", 8)])):
+    """Requests in another order than the input, one request over two steps, or
+    ``map_pages=False``: the layers are read into fresh tensors and nothing stays mapped."""
+    for steps, order, map_pages in (([[("b", 4), ("a", 6)]], [("a", 6), ("b", 4)], True),
+                                    ([[("a", 5)], [("a", 3)]], [("a", 8)], True),
+                                    ([[("a", 6), ("b", 4)]], [("a", 6), ("b", 4)], False)):
         pid, desc = worker(dict(steps=steps, dtype="float32", hidden=16, layers=2, pad=0, seed=9,
                                 segment_bytes=1 << 20))
-        out = materialize(desc, order)
+        out = materialize(desc, order, map_pages=map_pages)
         ref = _reference(steps, _layers(steps, torch.float32, 16, 2, 0, 9), order)
         assert all(_same_bytes(o, r) for o, r in zip(out, ref))
         assert not set(desc.segments) & _mapped_segments()

@@ -209,7 +209,8 @@ class CaptureHandoffShm(Patch):
 
     id = "capture-handoff-shm"
     summary = ("captured rows streamed into shared-memory segments per layer as they are computed; the worker "
-               "returns a descriptor and the driver reads the rows straight into its output (no pickled payload)")
+               "returns a descriptor; the driver maps a one-step call's rows and reads others straight into its "
+               "output (no pickled payload)")
     upstream = "speculators 0.3.0 custom_worker:95 returns tensors through collective_rpc (pickled; PR #322)"
     target = f"{CW}:HiddenStatesWorkerExtension"
     requires = {"speculators": SPEC_03}

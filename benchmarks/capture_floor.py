@@ -9,7 +9,7 @@ code (``SegmentedCapture`` -> ``materialize``) at a fixture's sizes, the driver'
 a plain prefill call of the same tokens (``capture_overhead.py``) to bound P2 from above.
 
 usage: python benchmarks/capture_floor.py [--tokens 8192] [--hidden 256] [--layers 4] [--seqs 16]
-           [--threads 2] [--repeats 15] [--json OUT]
+           [--threads 2] [--dtype float32|bfloat16] [--repeats 15] [--json OUT]
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--seqs", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2, help="torch threads (the CPU worker uses one per core)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="the engine's dtype (the Kimi fixture runs in float32, the Llama fixture in bfloat16)")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
@@ -49,8 +51,9 @@ def main() -> int:
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    hidden = [torch.randn(a.tokens, a.hidden) for _ in range(a.layers)]
-    residual = [torch.randn(a.tokens, a.hidden) for _ in range(a.layers)]
+    dtype = getattr(torch, a.dtype)
+    hidden = [torch.randn(a.tokens, a.hidden).to(dtype) for _ in range(a.layers)]
+    residual = [torch.randn(a.tokens, a.hidden).to(dtype) for _ in range(a.layers)]
     reqs = [(f"r{i}", a.tokens // a.seqs) for i in range(a.seqs)]
 
     def once(mode: str) -> list[float]:
@@ -85,8 +88,8 @@ def main() -> int:
     for _ in range(a.repeats):
         for mode in MODES:
             runs[mode].append(once(mode))
-    print(f"{a.tokens} tokens x {a.layers} layers x hidden {a.hidden} fp32 "
-          f"({a.tokens * a.layers * a.hidden * 4 / 2**20:.0f} MiB captured), {a.threads} threads, {a.repeats} runs "
+    print(f"{a.tokens} tokens x {a.layers} layers x hidden {a.hidden} {a.dtype} "
+          f"({a.tokens * a.layers * a.hidden * dtype.itemsize / 2**20:.0f} MiB captured), {a.threads} threads, {a.repeats} runs "
           "of each mode, alternating")
     result: dict[str, dict] = {}
     for mode in MODES:

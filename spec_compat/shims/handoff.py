@@ -483,7 +483,7 @@ def materialize(descriptor: HandoffDescriptor | None, order: Sequence[tuple[str,
     output lies on ``device`` (default: CPU for shm, the segments' GPU for cuda).  shm
     segments are unlinked in every case; for cuda the caller then lets the worker
     :meth:`~SegmentedCapture.release` its segments.  ``threads``: shm segments read at
-    once (default: up to 4, by CPU count).  ``map_pages`` (shm, CPU output): a layer whose
+    once (default: up to 4, by CPU count).  ``map_pages`` (shm): a layer whose
     rows lie in one piece of one segment, in ``order`` (a call that ran in one step), is
     returned as a view of the segment's pages instead of a copy - the name is unlinked all
     the same and the pages are freed with the last tensor viewing them; ``False`` copies
@@ -538,7 +538,8 @@ def _whole_layers(copies: dict[int, list[tuple[int, int, int, int]]], total: int
 def _map_rows(fd: int, length: int) -> Any:
     """A shared mapping of a segment's first ``length`` bytes, all written by the worker (no
     page is allocated by touching it).  Not pre-faulted (``MAP_POPULATE``): measured slower
-    here than the faults of the first read (3.7 + 8.8 ms against 0.3 + 6.7 ms for 32 MiB)."""
+    here than the faults of the first read (an ad-hoc run, 32 MiB: map + speculators' clone
+    3.7 + 8.8 ms populated against 0.3 + 6.7 ms not)."""
     import mmap
 
     return mmap.mmap(fd, length, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
@@ -588,7 +589,7 @@ def _materialize_shm(descriptor: HandoffDescriptor, order: Sequence[tuple[str, i
             for layer, offset, out_row, n in copies.get(index, ()):
                 if layer in whole and fd >= 0:
                     continue
-                if host[layer] is None:  # pragma: no cover - a whole layer, but no descriptor to map
+                if host[layer] is None:  # pragma: no cover - a whole layer, but no file descriptor to map
                     host[layer] = torch.empty((total, descriptor.hidden), dtype=dtype)
                 view = memoryview(_buffer(host[layer], out_row * row_bytes, n * row_bytes)).cast("B")
                 if fd >= 0 and hasattr(os, "preadv"):

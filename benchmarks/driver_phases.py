@@ -7,7 +7,8 @@ with capture, as the driver waits for it); ``rpc:_get_captured_states`` includes
 (``materialize``); what is left of a call is speculators' own Python (request set-up, the
 per-sequence clone). Run it in a cell's python, alone on the machine.
 
-usage: python benchmarks/driver_phases.py MODEL_DIR [--seqs 16] [--len 512] [--calls 8] [--plain] [--json OUT]
+usage: python benchmarks/driver_phases.py MODEL_DIR [--seqs 16] [--len 512] [--calls 8] [--plain]
+           [--driver-threads N] [--json OUT]
 
 ``--plain`` times plain vLLM prefill of the same ids instead (``LLM``, engine core in-process), with
 its executor's ``execute_model`` / ``sample_tokens``, for a side-by-side reading of the worker step.
@@ -36,10 +37,16 @@ def main() -> int:
     ap.add_argument("--len", dest="length", type=int, default=512)
     ap.add_argument("--calls", type=int, default=8)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--driver-threads", type=int, default=None,
+                    help="torch.set_num_threads(N) in this (the driver's) process before anything runs")
     ap.add_argument("--plain", action="store_true",
                     help="time plain vLLM prefill instead (LLM(...), max_tokens=1, engine core in this process "
                          "so its executor's execute_model can be timed)")
     a = ap.parse_args()
+    if a.driver_threads:
+        import torch
+
+        torch.set_num_threads(a.driver_threads)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
     os.environ.setdefault("VLLM_MLA_DISABLE", "1")

@@ -237,7 +237,7 @@ class CaptureHandoffShm(Patch):
                 old.discard()  # segments of an abandoned call: unlinked, not leaked
             elif not isinstance(old, PerRequestStore):
                 return  # capture-per-request is off: rows are not keyed by request, nothing to hand over
-            if not _shm_usable():
+            if not _driver_reads_descriptors() or not _shm_usable():
                 self._spec_compat_store = PerRequestStore()  # the pickled reply, as before
                 return
             # "shm" also for CUDA tensors: one device-to-host copy into shared memory (the driver
@@ -260,7 +260,8 @@ class CaptureHandoffShm(Patch):
                 return orig_get(self)
             self._captured_states = None
             descriptor = store.finish()
-            self._spec_compat_store = SegmentedCapture(mode="shm") if _shm_usable() else PerRequestStore()
+            self._spec_compat_store = (SegmentedCapture(mode="shm") if _driver_reads_descriptors() and _shm_usable()
+                                       else PerRequestStore())
             return None if descriptor is None else {BY_REQUEST: descriptor}
 
         def _spec_compat_layer_writer(self: Any) -> Any:
@@ -278,6 +279,18 @@ class CaptureHandoffShm(Patch):
                          ("_get_captured_states", _get_captured_states),
                          ("_spec_compat_layer_writer", _spec_compat_layer_writer)):
             changes.setattr(ext, name, fn)
+
+
+def _driver_reads_descriptors() -> bool:
+    """Whether the driver half that reads descriptors (patch rows-by-request-id) is switched on.
+    The worker inherits the driver's environment; with that patch disabled a descriptor would
+    reach stock speculators unread and its segment would stay in /dev/shm, so the worker keeps
+    the pickled reply."""
+    import os
+
+    raw = os.environ.get("SPEC_COMPAT_DISABLE", "")
+    items = {x.strip() for x in raw.split(",")}
+    return not ("*" in items or "rows-by-request-id" in items)
 
 
 #: below this much free /dev/shm the worker keeps the pickled reply (a container's 64 MB default)

@@ -63,43 +63,53 @@ def main() -> int:
     from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
     gen = VllmHiddenStatesGenerator(a.model, max_model_len=a.length + 8)
-
-    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            key = f"rpc:{args[0]}" if name == "rpc" and args and isinstance(args[0], str) else name
-            t = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                phases[key] += time.perf_counter() - t
-        return wrapper
-
     ex, sched = gen.executor, gen.scheduler
-    ex.execute_model = timed("execute_model", ex.execute_model)
-    ex.collective_rpc = timed("rpc", ex.collective_rpc)
-    sched.schedule = timed("schedule", sched.schedule)
-    sched.add_request = timed("add_request", sched.add_request)
+    ex.execute_model = timed(phases, "execute_model", ex.execute_model)
+    ex.collective_rpc = timed(phases, "rpc", ex.collective_rpc)
+    sched.schedule = timed(phases, "schedule", sched.schedule)
+    sched.add_request = timed(phases, "add_request", sched.add_request)
+    # execute_model's RPCs are inside execute_model: count them once
+    return measure(a, lambda: gen.generate(ids), phases, nested=("rpc:execute_model", "rpc:sample_tokens"))
+
+
+def timed(phases: dict[str, float], name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` adding its time to ``phases[name]`` (``rpc``: per method, ``rpc:<method>``)."""
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        key = f"rpc:{args[0]}" if name == "rpc" and args and isinstance(args[0], str) else name
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            phases[key] += time.perf_counter() - t
+    return wrapper
+
+
+def measure(a: argparse.Namespace, call: Callable[[], Any], phases: dict[str, float], *,
+            nested: tuple[str, ...] = (), variant: str | None = None) -> int:
+    """Two warm-up calls, then ``a.calls`` timed ones; prints each phase per call and what is
+    left of a call (``nested``: phases timed inside another one, not subtracted twice)."""
     for _ in range(2):
-        gen.generate(ids)
+        call()
     phases.clear()
     calls = []
     for _ in range(a.calls):
         t = time.perf_counter()
-        gen.generate(ids)
+        call()
         calls.append(time.perf_counter() - t)
     per_call = {k: 1000 * v / a.calls for k, v in sorted(phases.items())}
     mean = 1000 * statistics.mean(calls)
-    # execute_model's RPCs are inside execute_model: count them once
-    outside = mean - sum(v for k, v in per_call.items() if k not in ("rpc:execute_model", "rpc:sample_tokens"))
-    print(f"{a.seqs} x {a.length} tokens, {a.calls} calls: mean {mean:.1f} ms per call "
-          f"(median {1000 * statistics.median(calls):.1f}, min {1000 * min(calls):.1f}, max {1000 * max(calls):.1f})")
+    outside = mean - sum(v for k, v in per_call.items() if k not in nested)
+    print(f"{variant + ': ' if variant else ''}{a.seqs} x {a.length} tokens, {a.calls} calls: mean {mean:.1f} ms "
+          f"per call (median {1000 * statistics.median(calls):.1f}, min {1000 * min(calls):.1f}, "
+          f"max {1000 * max(calls):.1f})")
     for k, v in per_call.items():
         print(f"  {k:28s} {v:7.1f} ms/call  ({100 * v / mean:4.1f} %)")
     print(f"  {'rest of generate()':28s} {outside:7.1f} ms/call  ({100 * outside / mean:4.1f} %)")
     if a.json:
-        a.json.write_text(json.dumps({"model": Path(a.model).name, "seqs": a.seqs, "len": a.length,
-                                      "call_ms": [1000 * c for c in calls], "phase_ms_per_call": per_call,
-                                      "rest_ms_per_call": outside}, indent=1))
+        out = {"model": Path(a.model).name, **({"variant": variant} if variant else {}), "seqs": a.seqs,
+               "len": a.length, "call_ms": [1000 * c for c in calls], "phase_ms_per_call": per_call,
+               "rest_ms_per_call": outside}
+        a.json.write_text(json.dumps(out, indent=1))
     sys.stdout.flush()
     os._exit(0)  # engine teardown is not measured
 
@@ -113,42 +123,11 @@ def plain_phases(a: argparse.Namespace, ids: list[list[int]], phases: dict[str, 
               dtype="auto", trust_remote_code=True, block_size=16, max_num_seqs=32, max_num_batched_tokens=8192)
     params = SamplingParams(max_tokens=1, temperature=0.0)
     prompts = [{"prompt_token_ids": s} for s in ids]
-    core = llm.llm_engine.engine_core.engine_core  # InprocClient -> EngineCore
-    ex = core.model_executor
+    ex = llm.llm_engine.engine_core.engine_core.model_executor  # InprocClient -> EngineCore -> executor
     for name in ("execute_model", "sample_tokens"):
-        fn = getattr(ex, name, None)
-        if fn is None:
-            continue
-
-        def wrapper(*args: Any, _fn: Callable[..., Any] = fn, _name: str = name, **kwargs: Any) -> Any:
-            t = time.perf_counter()
-            try:
-                return _fn(*args, **kwargs)
-            finally:
-                phases[_name] += time.perf_counter() - t
-        setattr(ex, name, wrapper)
-    for _ in range(2):
-        llm.generate(prompts, params, use_tqdm=False)
-    phases.clear()
-    calls = []
-    for _ in range(a.calls):
-        t = time.perf_counter()
-        llm.generate(prompts, params, use_tqdm=False)
-        calls.append(time.perf_counter() - t)
-    per_call = {k: 1000 * v / a.calls for k, v in sorted(phases.items())}
-    mean = 1000 * statistics.mean(calls)
-    outside = mean - sum(per_call.values())
-    print(f"plain: {a.seqs} x {a.length} tokens, {a.calls} calls: mean {mean:.1f} ms per call "
-          f"(median {1000 * statistics.median(calls):.1f}, min {1000 * min(calls):.1f}, max {1000 * max(calls):.1f})")
-    for k, v in per_call.items():
-        print(f"  {k:28s} {v:7.1f} ms/call  ({100 * v / mean:4.1f} %)")
-    print(f"  {'rest of generate()':28s} {outside:7.1f} ms/call  ({100 * outside / mean:4.1f} %)")
-    if a.json:
-        a.json.write_text(json.dumps({"model": Path(a.model).name, "variant": "plain", "seqs": a.seqs,
-                                      "len": a.length, "call_ms": [1000 * c for c in calls],
-                                      "phase_ms_per_call": per_call, "rest_ms_per_call": outside}, indent=1))
-    sys.stdout.flush()
-    os._exit(0)
+        if getattr(ex, name, None) is not None:
+            setattr(ex, name, timed(phases, name, getattr(ex, name)))
+    return measure(a, lambda: llm.generate(prompts, params, use_tqdm=False), phases, variant="plain")
 
 
 if __name__ == "__main__":

@@ -286,11 +286,10 @@ def _driver_reads_descriptors() -> bool:
     The worker inherits the driver's environment; with that patch disabled a descriptor would
     reach stock speculators unread and its segment would stay in /dev/shm, so the worker keeps
     the pickled reply."""
-    import os
+    from .._manifest import PATCH_IDS
+    from ..switches import disabled_ids
 
-    raw = os.environ.get("SPEC_COMPAT_DISABLE", "")
-    items = {x.strip() for x in raw.split(",")}
-    return not ("*" in items or "rows-by-request-id" in items)
+    return "rows-by-request-id" not in disabled_ids(PATCH_IDS)
 
 
 #: below this much free /dev/shm the worker keeps the pickled reply (a container's 64 MB default)

@@ -74,7 +74,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "DEFAULT_SEGMENT_BYTES", "HandoffDescriptor", "HandoffError", "LayerWriter", "SegmentedCapture",
-    "discard", "materialize", "segment_prefix",
+    "discard", "live_segments", "materialize", "segment_prefix",
 ]
 
 #: size of one segment; a step larger than that spans several segments
@@ -85,6 +85,16 @@ _PREFIX = "spec_compat_"
 def segment_prefix() -> str:
     """Prefix of every shared-memory segment name (``/dev/shm/<prefix>...``)."""
     return _PREFIX
+
+
+def live_segments(pid: int | None = None) -> set[str]:
+    """Names of the capture segments now in /dev/shm (those written by worker ``pid`` only, if
+    given): after every call has been materialized or discarded there are none."""
+    prefix = _PREFIX + (f"{pid}_" if pid is not None else "")
+    try:
+        return {name for name in os.listdir("/dev/shm") if name.startswith(prefix)}
+    except FileNotFoundError:
+        return set()
 
 
 class HandoffError(RuntimeError):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from spec_compat import REGISTRY
+from spec_compat.shims.handoff import live_segments as _segments
 
 pytestmark = pytest.mark.engine
 
@@ -48,13 +49,6 @@ for name in names:
 print("SPEC_COMPAT_RESULT " + json.dumps({"calls": n, "materialized": calls}), flush=True)
 gen.executor.shutdown()
 """
-
-
-def _segments() -> set[str]:
-    from spec_compat.shims.handoff import segment_prefix
-
-    shm = Path("/dev/shm")
-    return {p.name for p in shm.iterdir() if p.name.startswith(segment_prefix())} if shm.is_dir() else set()
 
 
 def _extract(model: Path, out: Path, names: str, disable: str | None) -> dict:

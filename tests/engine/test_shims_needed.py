@@ -116,23 +116,16 @@ def test_fails_with_only_this_shim_disabled(fixture_dir, selftest, pid):
         # the shim's own failure with the better fix off: passes with it, fails without it
         good = selftest(fixture_dir(model), checks, disable=superseding)
         assert good.returncode == 0, good.stdout + good.stderr[-3000:]
-    segments_before = _shm_segments()
+    from spec_compat.shims.handoff import live_segments
+
+    segments_before = live_segments()
     proc = selftest(fixture_dir(model), checks, disable=",".join(filter(None, (pid, superseding))))
     print(proc.stdout)
     assert proc.returncode != 0, f"selftest passed with {pid} disabled:\n{proc.stdout}"
     assert "FAIL" in proc.stdout
     if pid == "rows-by-request-id":
         # without the driver half nobody reads a hand-off descriptor: the worker must not write one
-        assert _shm_segments() - segments_before == set(), "capture segments left in /dev/shm"
-
-
-def _shm_segments() -> set[str]:
-    from pathlib import Path
-
-    from spec_compat.shims.handoff import segment_prefix
-
-    shm = Path("/dev/shm")
-    return {p.name for p in shm.iterdir() if p.name.startswith(segment_prefix())} if shm.is_dir() else set()
+        assert live_segments() - segments_before == set(), "capture segments left in /dev/shm"
 
 
 def test_f10_is_silent_without_both_halves(llama_dir, selftest):

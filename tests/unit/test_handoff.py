@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 
 from spec_compat.shims.capture import PerRequestStore, RowCountError, assemble_in_order  # noqa: E402
 from spec_compat.shims.handoff import (  # noqa: E402
-    HandoffDescriptor, HandoffError, SegmentedCapture, discard, materialize, segment_prefix,
+    HandoffDescriptor, HandoffError, SegmentedCapture, discard, live_segments, materialize, segment_prefix,
 )
 
 #: steps of (request id, rows): interleaved requests, chunked prefills (a, c, e span
@@ -110,9 +110,7 @@ def worker():
         os.unlink(os.path.join("/dev/shm", name))
 
 
-def _segments(pid: int | None = None) -> set[str]:
-    prefix = segment_prefix() + (f"{pid}_" if pid is not None else "")
-    return {f for f in os.listdir("/dev/shm") if f.startswith(prefix)}
+_segments = live_segments
 
 
 def _same_bytes(a: Any, b: Any) -> bool:

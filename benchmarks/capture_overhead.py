@@ -13,14 +13,16 @@ drift of this noisy machine hits every variant alike):
 * ``capture-copied`` - ``capture`` with the hand-off's driver side copying every layer into fresh
                  tensors (``materialize(..., map_pages=False)``, the shipped path before layers were
                  returned as views of the mapped segment): ``--copied``.
-* ``capture-predict``, ``capture-1thread`` - experiments (``--predict``, ``--one-thread``): the driver
-                 sleeping once per step instead of polling; one torch thread in the driver's process.
+* ``capture-threads-kept`` - ``capture`` with ``SPEC_COMPAT_DRIVER_THREADS=keep`` (patch
+                 driver-torch-threads off: the driver copies with torch's default thread count): ``--threads-kept``.
+* ``capture-predict`` - experiment (``--predict``): the driver sleeping once per step instead of polling.
 * ``native04`` - the same call in a speculators 0.4.0.1 cell (``--python-04``): its own generator,
                  with only the patches that cell needs (P3).
 
 usage:
     python benchmarks/capture_overhead.py [--model llama|kimi-k25|wide] [--seqs 64] [--len 512]
-        [--repeats 3] [--rounds 2 | --interleave CYCLES] [--sleep] [--copied] [--python PY] [--python-04 PY]
+        [--repeats 3] [--rounds 2 | --interleave CYCLES] [--sleep] [--copied] [--threads-kept]
+        [--python PY] [--python-04 PY]
         [--json OUT]
 
 ``--rounds``: each variant's engine is started ``rounds`` times (alternating order) and timed for
@@ -155,10 +157,6 @@ def child(variant: str, model: str, ids_file: str, repeats: int, max_model_len: 
             assert len(out) == len(ids)
     else:
         import spec_compat  # noqa: F401  (before speculators)
-        if variant == "capture-1thread":
-            import torch
-
-            torch.set_num_threads(1)  # the driver's own torch threads (the worker sets its own)
         if variant == "capture-copied":
             import functools
 
@@ -239,6 +237,9 @@ def child_env(variant: str) -> dict[str, str]:
     env.setdefault("VLLM_MLA_DISABLE", "1")  # the CPU platform has no MLA backend (Kimi fixture)
     env.pop("SPEC_COMPAT_DISABLE", None)
     env.pop("SPEC_COMPAT_DRIVER_WAIT", None)
+    env.pop("SPEC_COMPAT_DRIVER_THREADS", None)
+    if variant == "capture-threads-kept":
+        env["SPEC_COMPAT_DRIVER_THREADS"] = "keep"
     if variant == "capture-sleep":
         env["SPEC_COMPAT_DRIVER_WAIT"] = "sleep"
     return env
@@ -368,8 +369,9 @@ def main() -> int:
     ap.add_argument("--predict", action="store_true",
                     help="also run capture with the driver sleeping once per step for 80%% of the last steps' "
                          "time (experiment)")
-    ap.add_argument("--one-thread", action="store_true",
-                    help="also run capture with one torch thread in the driver's process (experiment)")
+    ap.add_argument("--threads-kept", action="store_true",
+                    help="also run capture with SPEC_COMPAT_DRIVER_THREADS=keep (torch's thread count in the "
+                         "driver, the shipped path before patch driver-torch-threads)")
     ap.add_argument("--first-round", type=int, default=0,
                     help="round number to start from (odd: reversed order first; to split a run into parts)")
     ap.add_argument("--interleave", type=int, default=0, metavar="CYCLES",
@@ -401,8 +403,8 @@ def main() -> int:
             variants.append(("capture-copied", args.python))
         if args.predict:
             variants.append(("capture-predict", args.python))
-        if args.one_thread:
-            variants.append(("capture-1thread", args.python))
+        if args.threads_kept:
+            variants.append(("capture-threads-kept", args.python))
         if args.python_04:
             variants.append(("native04", args.python_04))
         seconds: dict[str, list[float]] = {v: [] for v, _ in variants}
@@ -454,9 +456,11 @@ def main() -> int:
         if "capture-predict" in seconds:
             pairs.append(("capture-predict/capture (one sleep per step vs spin)", "capture-predict", "capture"))
             pairs.append(("P2 with one sleep per step (capture-predict/plain)", "capture-predict", "plain"))
-        if "capture-1thread" in seconds:
-            pairs.append(("capture-1thread/capture (one driver thread vs default)", "capture-1thread", "capture"))
-            pairs.append(("P2 with one driver thread (capture-1thread/plain)", "capture-1thread", "plain"))
+        if "capture-threads-kept" in seconds:
+            pairs.append(("capture/capture-threads-kept (driver-torch-threads on vs off)", "capture",
+                          "capture-threads-kept"))
+            pairs.append(("P2 without driver-torch-threads (capture-threads-kept/plain)", "capture-threads-kept",
+                          "plain"))
         if "native04" in seconds:
             pairs.append(("P3 capture/native04", "capture", "native04"))
         for name, num, den in pairs:

@@ -23,6 +23,7 @@ PATCH_IDS: tuple[str, ...] = (
     "results-in-input-order",
     "generate-in-fitting-batches",
     "generator-input-checks",
+    "driver-torch-threads",
     "vllm-cpu-platform-detection",
     "worker-forward-embed-input-ids",
     "decoder-stack-locator",

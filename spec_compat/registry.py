@@ -207,6 +207,7 @@ class Registry:
         #: pending patches whose version ranges are not read yet -> the disabled ids of that apply()
         self._undecided: dict[str, set[str] | frozenset[str]] = {}
         self._generation = 0
+        self._warned: set[tuple[str, Status, str]] = set()  # logged once, not on every re-apply
         self._lock = threading.RLock()
 
     # -- declaration -------------------------------------------------------
@@ -365,7 +366,9 @@ class Registry:
 
     def _maybe_raise(self, patch: Patch, strict: bool) -> None:
         rec = self._records[patch.id]
-        log.warning("spec_compat: patch %s %s: %s", patch.id, rec.status.value, rec.reason)
+        if (rec.id, rec.status, rec.reason) not in self._warned:
+            self._warned.add((rec.id, rec.status, rec.reason))
+            log.warning("spec_compat: patch %s %s: %s", patch.id, rec.status.value, rec.reason)
         if strict:
             raise PatchError(f"spec_compat: patch {patch.id} is {rec.status.value}: {rec.reason}")
 
@@ -384,6 +387,7 @@ class Registry:
                 except Exception as exc:  # keep reverting the other patches
                     errors.append(exc)
             self._records.clear()
+            self._warned.clear()
             self._undecided.clear()
             if errors:
                 raise errors[0]

@@ -619,3 +619,49 @@ class GeneratorInputChecks(Patch):
             return results
 
         changes.setattr(cls, "generate", generate)
+
+
+@register
+class DriverTorchThreads(Patch):
+    """speculators 0.3.0 (generator:283) clones every captured row in the driver with torch's
+    intra-op pool while vLLM's CPU worker holds every core: on vLLM 0.16 (Llama fixture, 2 cores)
+    those copies ran about ten times slower than alone and extraction at 0.89 of plain prefill."""
+
+    id = "driver-torch-threads"
+    summary = ("CPU platform: generate() runs with SPEC_COMPAT_DRIVER_THREADS (default 1) torch threads "
+               "in the driver; the caller's count is restored after each call")
+    upstream = ("speculators 0.3.0 generator:283 per-sequence clone() in the driver, split over torch's "
+                "threads on the cores vLLM's CPU worker computes on")
+    target = f"{GEN}:VllmHiddenStatesGenerator"
+    requires = {"speculators": SPEC_03, "vllm": ">=0.16,<0.17"}  # the cell that measured it (P2)
+
+    def check(self, module: ModuleType) -> None:
+        import os
+
+        import torch
+
+        from ..shims.threads import DRIVER_THREADS_VAR, parse_driver_threads
+
+        _generate_params(module)
+        if torch.cuda.is_available():
+            raise NotNeeded("CUDA platform: the driver's copies do not share the model's CPU cores")
+        if parse_driver_threads(os.environ.get(DRIVER_THREADS_VAR)) is None:
+            raise NotNeeded(f"{DRIVER_THREADS_VAR}=keep: the driver keeps torch's thread count")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        import os
+
+        import torch
+
+        from ..shims.threads import DRIVER_THREADS_VAR, parse_driver_threads, torch_threads
+
+        n = parse_driver_threads(os.environ.get(DRIVER_THREADS_VAR))
+        assert n is not None  # check() made 'keep' not-needed
+        cls = module.VllmHiddenStatesGenerator
+        inner = cls.generate
+
+        def generate(self: Any, token_ids: Any) -> list[dict]:
+            with torch_threads(torch, n):
+                return inner(self, token_ids)
+
+        changes.setattr(cls, "generate", generate)

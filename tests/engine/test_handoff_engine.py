@@ -1,6 +1,8 @@
-"""``capture-handoff-shm`` on the real engine: the worker hands captured rows over through
-/dev/shm segments (a descriptor in the reply, not pickled tensors), the driver's rows are
-byte-identical to the pickled path's (the patch disabled), and no segment is left behind."""
+"""The performance patches on the real engine.  ``capture-handoff-shm``: the worker hands
+captured rows over through /dev/shm segments (a descriptor in the reply, not pickled tensors), the
+driver's rows are byte-identical to the pickled path's (the patch disabled), and no segment is left
+behind.  ``driver-torch-threads``: the driver runs generate() with one torch thread and gives the
+caller's count back after each call (the stock run keeps the caller's count throughout)."""
 
 from __future__ import annotations
 
@@ -39,14 +41,24 @@ handoff.materialize = counting
 model, out, names = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
 with pinned_dtype("float32"):
     gen = VllmHiddenStatesGenerator(model, layer_ids=json.loads(sys.argv[4]), max_model_len=2048)
+# torch threads of the driver inside generate() (seen at each RPC) and after each call
+torch.set_num_threads(2)
+inside, after = set(), set()
+rpc = gen.executor.collective_rpc
+def observed_rpc(*a, **k):
+    inside.add(torch.get_num_threads())
+    return rpc(*a, **k)
+gen.executor.collective_rpc = observed_rpc
 w = workloads(vocab=512, seed=0)
 n = 0
 for name in names:
     for batch in w[name]:
         res = gen.generate(batch)
+        after.add(torch.get_num_threads())
         torch.save([r["hidden_states"] for r in res], f"{out}/call_{n}.pt")
         n += 1
-print("SPEC_COMPAT_RESULT " + json.dumps({"calls": n, "materialized": calls}), flush=True)
+print("SPEC_COMPAT_RESULT " + json.dumps({"calls": n, "materialized": calls, "threads_inside": sorted(inside),
+                                          "threads_after": sorted(after)}), flush=True)
 gen.executor.shutdown()
 """
 
@@ -55,6 +67,7 @@ def _extract(model: Path, out: Path, names: str, disable: str | None) -> dict:
     out.mkdir(parents=True)
     env = dict(os.environ)
     env.pop("SPEC_COMPAT_DISABLE", None)
+    env.pop("SPEC_COMPAT_DRIVER_THREADS", None)
     if disable:
         env["SPEC_COMPAT_DISABLE"] = disable
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(model), str(out), names, json.dumps(LAYERS)],
@@ -65,6 +78,7 @@ def _extract(model: Path, out: Path, names: str, disable: str | None) -> dict:
 
 
 def test_handoff_rows_equal_the_pickled_path(llama_dir, tmp_path):
+    """Both performance patches on vs both off (the stock path): the same bytes."""
     if not REGISTRY.get("capture-handoff-shm").needed()[0]:
         pytest.skip("capture-handoff-shm is not needed with these versions (speculators 0.3.x only)")
     import torch
@@ -72,10 +86,14 @@ def test_handoff_rows_equal_the_pickled_path(llama_dir, tmp_path):
     names = "chunked-8x2000,batch-43-shared-prefixes,consecutive-calls"
     before = _segments()
     shm = _extract(llama_dir, tmp_path / "shm", names, disable=None)
-    pickled = _extract(llama_dir, tmp_path / "pickled", names, disable="capture-handoff-shm")
+    # the stock path: rows pickled, the driver at the caller's torch threads
+    pickled = _extract(llama_dir, tmp_path / "pickled", names, disable="capture-handoff-shm,driver-torch-threads")
     # the hand-off path was taken for every call, and only with the patch on
     assert shm["calls"] == pickled["calls"] == 4
     assert len(shm["materialized"]) == 4 and pickled["materialized"] == []
+    assert shm["threads_after"] == pickled["threads_after"] == pickled["threads_inside"] == [2]
+    if REGISTRY.get("driver-torch-threads").needed()[0]:
+        assert shm["threads_inside"] == [1]
     rows = 0
     for i in range(shm["calls"]):
         a = torch.load(tmp_path / "shm" / f"call_{i}.pt", weights_only=True)

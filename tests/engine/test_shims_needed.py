@@ -41,6 +41,7 @@ EXPOSED_BY = {
 OPTIMIZATIONS = {
     "capture-handoff-shm": "test_handoff_rows_equal_the_pickled_path",
     "driver-wait-yields-cpu": "test_driver_reply_queues_do_not_spin",
+    "driver-torch-threads": "test_handoff_rows_equal_the_pickled_path",
 }
 #: guards (nothing fails without them on good data; they turn silent loss into an error):
 #: patch id -> the test that makes rows go missing and sees the guard raise

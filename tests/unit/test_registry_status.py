@@ -297,6 +297,24 @@ def test_target_changed_logs_a_warning(registry, fake_module, make_patch, caplog
     assert any(p.id in r.getMessage() and "target-changed" in r.getMessage() for r in caplog.records)
 
 
+def test_a_patch_that_stays_broken_warns_once(registry, fake_module, make_patch, caplog):
+    """Every target import re-applies the registry; the same outcome is not logged again
+    (`spec-compat report` printed one failed patch's warning 12 times); after revert() it is."""
+    caplog.set_level(logging.WARNING, logger="spec_compat")
+    mod = fake_module()
+    p = make_patch(target_of(mod, "Gone"))
+
+    def warnings() -> int:
+        return sum(p.id in r.getMessage() and "target-changed" in r.getMessage() for r in caplog.records)
+
+    for _ in range(3):
+        registry.apply(environ={})
+    assert warnings() == 1
+    registry.revert()
+    registry.apply(environ={})
+    assert warnings() == 2
+
+
 # -- failed ------------------------------------------------------------------
 
 class Boom(RuntimeError):

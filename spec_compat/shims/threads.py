@@ -1,0 +1,64 @@
+"""The driver's torch threads while speculators' generator runs (patch ``driver-torch-threads``).
+
+On a CPU platform vLLM's worker keeps every core busy with the model's threads while
+speculators' driver copies the captured rows (one ``clone()`` per sequence and layer).  With
+torch's intra-op pool at its default size each small copy is split across threads that have
+to be woken on cores the worker holds; one thread in the driver copies without waiting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from ..switches import SwitchError
+
+#: environment switch: torch threads of the driver while ``generate()`` runs
+DRIVER_THREADS_VAR = "SPEC_COMPAT_DRIVER_THREADS"
+#: ``SPEC_COMPAT_DRIVER_THREADS=keep``: the caller's setting is left as it is
+KEEP = "keep"
+DEFAULT_THREADS = 1
+
+_lock = threading.Lock()
+_depth = 0
+_saved: int | None = None
+
+
+def parse_driver_threads(raw: str | None) -> int | None:
+    """The switch's value: a thread count >= 1, ``None`` for ``keep``; unset or empty is the
+    default (1).  Anything else raises :class:`~spec_compat.switches.SwitchError`."""
+    text = (raw or "").strip().lower()
+    if not text:
+        return DEFAULT_THREADS
+    if text == KEEP:
+        return None
+    if not re.fullmatch(r"[0-9]+", text) or int(text) < 1:
+        raise SwitchError(f"{DRIVER_THREADS_VAR}={raw!r}: expected a whole number of threads >= 1 "
+                          f"(default {DEFAULT_THREADS}) or '{KEEP}' (torch's setting left as it is)")
+    return int(text)
+
+
+@contextlib.contextmanager
+def torch_threads(torch: Any, n: int) -> Iterator[None]:
+    """Run the block with at most ``n`` torch intra-op threads in this process, then give the
+    caller's count back (also on error).  Re-entrant and safe for concurrent callers: the count
+    seen when the outermost block began is the one restored when the last block ends."""
+    global _depth, _saved
+    with _lock:
+        if _depth == 0:
+            _saved = int(torch.get_num_threads())
+        _depth += 1
+        if _saved is not None and _saved > n:
+            torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0:
+                saved, _saved = _saved, None
+                if saved is not None and int(torch.get_num_threads()) != saved:
+                    torch.set_num_threads(saved)

@@ -10,6 +10,8 @@ map the file, and a fresh tmpfs page touched through a mapping is allocated at f
 * ``fallocate+populate`` - reserve with ``posix_fallocate``, ``mmap(MAP_POPULATE)``, ``torch.add(out=)``
 * ``fallocate``     - the same without ``MAP_POPULATE`` (pages faulted in by the add)
 * ``populate-write`` - ``mmap`` + ``madvise(MADV_POPULATE_WRITE)`` (allocates, errors instead of SIGBUS)
+* ``pwrite-reused`` - ``pwrite`` as shipped, into a segment whose pages an earlier call already
+  allocated (one file kept for the whole run): what segments reused between calls would cost
 
 Columns: prepare (sum / reserve), map (mmap and populate), write (pwrite / add into the mapping),
 total; medians over ``--repeats`` alternating runs. Every variant's bytes are checked against the sum.
@@ -29,7 +31,7 @@ import statistics
 import time
 from pathlib import Path
 
-VARIANTS = ("pwrite", "fallocate+populate", "fallocate", "populate-write")
+VARIANTS = ("pwrite", "fallocate+populate", "fallocate", "populate-write", "pwrite-reused")
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
 
 
@@ -52,8 +54,11 @@ def main() -> int:
     expected = [h + r for h, r in zip(hidden, residual)]
     nbytes = a.tokens * a.hidden * 4
 
+    kept = f"/dev/shm/spec_compat_bench_{secrets.token_hex(4)}_kept"
+
     def run(variant: str) -> list[float]:
-        path = f"/dev/shm/spec_compat_bench_{secrets.token_hex(4)}"
+        reused = variant == "pwrite-reused"
+        path = kept if reused else f"/dev/shm/spec_compat_bench_{secrets.token_hex(4)}"
         fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
         try:
             os.ftruncate(fd, a.layers * nbytes)
@@ -61,7 +66,7 @@ def main() -> int:
             for layer in range(a.layers):
                 offset = layer * nbytes
                 t0 = time.perf_counter()
-                if variant == "pwrite":
+                if variant.startswith("pwrite"):
                     s = hidden[layer] + residual[layer]
                     t1 = t2 = time.perf_counter()
                     view = memoryview(s.numpy()).cast("B")
@@ -93,14 +98,19 @@ def main() -> int:
             return parts
         finally:
             os.close(fd)
-            os.unlink(path)
+            if not reused:
+                os.unlink(path)
 
-    for v in VARIANTS:
-        run(v)
     runs: dict[str, list[list[float]]] = {v: [] for v in VARIANTS}
-    for _ in range(a.repeats):
+    try:
         for v in VARIANTS:
-            runs[v].append(run(v))
+            run(v)
+        for _ in range(a.repeats):
+            for v in VARIANTS:
+                runs[v].append(run(v))
+    finally:
+        if os.path.exists(kept):
+            os.unlink(kept)
     print(f"{a.layers} layers x {a.tokens} x {a.hidden} fp32 ({a.layers * nbytes / 2**20:.0f} MiB), "
           f"{a.threads} threads, {a.repeats} alternating runs; medians in ms")
     print(f"  {'variant':20s} {'prepare':>8s} {'map':>8s} {'write':>8s} {'total':>8s}")

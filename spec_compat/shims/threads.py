@@ -36,7 +36,7 @@ def parse_driver_threads(raw: str | None) -> int | None:
     if text == KEEP:
         return None
     if not re.fullmatch(r"[0-9]+", text) or int(text) < 1:
-        raise SwitchError(f"{DRIVER_THREADS_VAR}={raw!r}: expected a whole number of threads >= 1 "
+        raise SwitchError(f"spec_compat[driver-torch-threads]: {DRIVER_THREADS_VAR}={raw!r}: expected a whole number of threads >= 1 "
                           f"(default {DEFAULT_THREADS}) or '{KEEP}' (torch's setting left as it is)")
     return int(text)
 

@@ -624,8 +624,8 @@ class GeneratorInputChecks(Patch):
 @register
 class DriverTorchThreads(Patch):
     """speculators 0.3.0 (generator:283) clones every captured row in the driver with torch's
-    intra-op pool while vLLM's CPU worker holds every core: on vLLM 0.16 (Llama fixture, 2 cores)
-    those copies ran about ten times slower than alone and extraction at 0.89 of plain prefill."""
+    intra-op pool on the cores vLLM's CPU worker computes on: on vLLM 0.16 (Llama fixture, 2 cores)
+    those copies took ten times as long as alone; extraction ran at 0.84-0.89 of plain prefill."""
 
     id = "driver-torch-threads"
     summary = ("CPU platform: generate() runs with SPEC_COMPAT_DRIVER_THREADS (default 1) torch threads "

@@ -1,9 +1,11 @@
 """The driver's torch threads while speculators' generator runs (patch ``driver-torch-threads``).
 
-On a CPU platform vLLM's worker keeps every core busy with the model's threads while
-speculators' driver copies the captured rows (one ``clone()`` per sequence and layer).  With
-torch's intra-op pool at its default size each small copy is split across threads that have
-to be woken on cores the worker holds; one thread in the driver copies without waiting.
+On a CPU platform vLLM's worker process runs the model's threads on the same cores on which
+speculators' driver copies the captured rows (one ``clone()`` per sequence and layer).  Measured
+on the Llama fixture (2 cores, vLLM 0.16): with torch's default pool in the driver those copies
+took about ten times longer than the same copies timed alone, and with one thread the driver's
+CPU per token halved (benchmarks/RESULTS.md, P2).  Likely, not verified: each copy is split
+over intra-op threads that have to wait for a core the worker holds.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ def parse_driver_threads(raw: str | None) -> int | None:
     if text == KEEP:
         return None
     if not re.fullmatch(r"[0-9]+", text) or int(text) < 1:
-        raise SwitchError(f"spec_compat[driver-torch-threads]: {DRIVER_THREADS_VAR}={raw!r}: expected a whole number of threads >= 1 "
-                          f"(default {DEFAULT_THREADS}) or '{KEEP}' (torch's setting left as it is)")
+        raise SwitchError(f"spec_compat[driver-torch-threads]: {DRIVER_THREADS_VAR}={raw!r}: expected a whole "
+                          f"number of threads >= 1 (default {DEFAULT_THREADS}) or '{KEEP}' (torch's setting "
+                          "left as it is)")
     return int(text)
 
 

@@ -100,10 +100,12 @@ class FakeGenerator:
         return [{"threads": torch.get_num_threads(), "ids": token_ids}]
 
 
-def _registry(fake_module):
+def _registry(fake_module, generator: type | None = None):
+    """A fresh registry holding the patch's own class, re-pointed at a fake generator module."""
     if torch.cuda.is_available():
         pytest.skip("driver-torch-threads is not needed on a CUDA platform")
-    mod = fake_module(VllmHiddenStatesGenerator=type("VllmHiddenStatesGenerator", (FakeGenerator,), {}))
+    generator = generator or type("VllmHiddenStatesGenerator", (FakeGenerator,), {})
+    mod = fake_module(VllmHiddenStatesGenerator=generator)
     cls = type("DriverTorchThreads", (DriverTorchThreads,),
                {"target": f"{mod.__name__}:VllmHiddenStatesGenerator", "requires": {}})
     reg = Registry()
@@ -147,39 +149,24 @@ def test_patch_takes_the_count_from_the_switch(fake_module, two_threads, monkeyp
         reg.revert()
 
 
-def test_keep_leaves_generate_alone(fake_module, monkeypatch):
-    monkeypatch.setenv(DRIVER_THREADS_VAR, "keep")
+@pytest.mark.parametrize("raw, status, in_reason", [("keep", Status.NOT_NEEDED, ["keep"]),
+                                                     ("lots", Status.FAILED, [DRIVER_THREADS_VAR, "'lots'"])])
+def test_switch_off_or_malformed_leaves_generate_alone(fake_module, monkeypatch, raw, status, in_reason):
+    monkeypatch.setenv(DRIVER_THREADS_VAR, raw)
     reg, mod = _registry(fake_module)
     original = mod.VllmHiddenStatesGenerator.generate
     reg.apply(environ={})
     try:
-        status, reason = _status(reg)
-        assert status is Status.NOT_NEEDED and "keep" in reason
-        assert mod.VllmHiddenStatesGenerator.generate is original
-    finally:
-        reg.revert()
-
-
-def test_malformed_switch_fails_the_patch_with_the_reason(fake_module, monkeypatch):
-    monkeypatch.setenv(DRIVER_THREADS_VAR, "lots")
-    reg, mod = _registry(fake_module)
-    original = mod.VllmHiddenStatesGenerator.generate
-    reg.apply(environ={})
-    try:
-        status, reason = _status(reg)
-        assert status is Status.FAILED and DRIVER_THREADS_VAR in reason and "'lots'" in reason
+        got, reason = _status(reg)
+        assert got is status and all(x in reason for x in in_reason)
         assert mod.VllmHiddenStatesGenerator.generate is original
     finally:
         reg.revert()
 
 
 def test_generate_without_token_ids_is_target_changed(fake_module):
-    mod = fake_module(VllmHiddenStatesGenerator=type("VllmHiddenStatesGenerator", (),
-                                                     {"generate": lambda self, prompts: prompts}))
-    cls = type("DriverTorchThreads", (DriverTorchThreads,),
-               {"target": f"{mod.__name__}:VllmHiddenStatesGenerator", "requires": {}})
-    reg = Registry()
-    reg.register(cls)
+    drifted = type("VllmHiddenStatesGenerator", (), {"generate": lambda self, prompts: prompts})
+    reg, _ = _registry(fake_module, drifted)
     reg.apply(environ={})
     try:
         assert _status(reg)[0] is Status.TARGET_CHANGED

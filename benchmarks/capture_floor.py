@@ -9,7 +9,7 @@ code (``SegmentedCapture`` -> ``materialize``) at a fixture's sizes, the driver'
 a plain prefill call of the same tokens (``capture_overhead.py``) to bound P2 from above.
 
 usage: python benchmarks/capture_floor.py [--tokens 8192] [--hidden 256] [--layers 4] [--seqs 16]
-           [--threads 2] [--dtype float32|bfloat16] [--repeats 15] [--json OUT]
+           [--steps 1] [--threads 2] [--dtype float32|bfloat16] [--repeats 15] [--json OUT]
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--seqs", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=1,
+                    help="scheduler steps per call, the sequences split evenly in input order (Llama: 2)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (the CPU worker uses one per core)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="the engine's dtype (the Kimi fixture runs in float32, the Llama fixture in bfloat16)")
@@ -44,6 +46,8 @@ def main() -> int:
     a = ap.parse_args()
     if a.tokens % a.seqs:
         ap.error("--tokens must be a multiple of --seqs")
+    if a.steps < 1 or a.seqs % a.steps:
+        ap.error("--seqs must be a multiple of --steps")
 
     import torch
 
@@ -61,13 +65,18 @@ def main() -> int:
         states = [h + r for h, r in zip(hidden, residual)]
         t1 = time.perf_counter()
         store = SegmentedCapture(mode="shm")
-        store.begin_step(dict(reqs))
-        writer = store.forward([r for r, _ in reqs])
-        assert writer is not None
-        for s in states:
-            writer.add(s)
-        writer.close()
-        store.end_step()
+        per_step, row = a.seqs // a.steps, 0
+        for k in range(a.steps):
+            step = reqs[k * per_step:(k + 1) * per_step]
+            rows = sum(n for _, n in step)
+            store.begin_step(dict(step))
+            writer = store.forward([r for r, _ in step])
+            assert writer is not None
+            for s in states:
+                writer.add(s[row:row + rows])
+            writer.close()
+            store.end_step()
+            row += rows
         descriptor = store.finish()
         t2 = time.perf_counter()
         layers = materialize(descriptor, reqs, map_pages=mode == "mapped")
@@ -88,7 +97,7 @@ def main() -> int:
     for _ in range(a.repeats):
         for mode in MODES:
             runs[mode].append(once(mode))
-    print(f"{a.tokens} tokens x {a.layers} layers x hidden {a.hidden} {a.dtype} "
+    print(f"{a.tokens} tokens in {a.steps} step(s) x {a.layers} layers x hidden {a.hidden} {a.dtype} "
           f"({a.tokens * a.layers * a.hidden * dtype.itemsize / 2**20:.0f} MiB captured), {a.threads} threads, {a.repeats} runs "
           "of each mode, alternating")
     result: dict[str, dict] = {}

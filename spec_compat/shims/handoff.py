@@ -16,7 +16,9 @@ Worker side - :class:`SegmentedCapture`
     * CPU tensors (``kind="shm"``): POSIX shared memory
       (:class:`multiprocessing.shared_memory.SharedMemory`, ``/dev/shm``), written with
       ``os.pwrite`` (a full ``/dev/shm`` is an ``OSError``, never a ``SIGBUS``); a new
-      segment is added when one is full, nothing is ever reallocated.
+      segment is added when one is full, nothing is ever reallocated.  Every captured
+      layer has its own chain of segments, so a layer's rows from consecutive steps lie
+      next to each other (a call that ran in several steps is still one piece per layer).
     * CUDA tensors (``kind="cuda"``): device segments (``torch.empty(uint8)``) handed over
       as CUDA IPC handles (``torch.multiprocessing.reductions.reduce_tensor``).
 
@@ -32,8 +34,9 @@ Driver side - :func:`materialize`
     the final per-layer tensors and fills them segment by segment, unlinking each shared
     memory segment as soon as it is consumed (driver peak = output + nothing: the rows
     are read with ``os.preadv`` straight into the output).  A layer whose rows already lie
-    in one piece in input order (a call that ran in one step) is not copied at all: its
-    tensor is a view of the mapped segment, whose pages are freed with the tensor.  All
+    in one piece in input order (the steps scheduled the requests in input order, none
+    split out of turn) is not copied at all: its tensor is a view of the mapped segment,
+    whose pages are freed with the tensor.  All
     segments are unlinked even when it raises; :func:`discard` unlinks them without reading.
 
 Lifetime rules
@@ -227,10 +230,12 @@ class SegmentedCapture:
         self._hidden = 0
         self._num_layers = 0
         self._device: Any = None
-        self._shms: list[Any] = []  # SharedMemory segments, all closed but the last
-        self._cuda_segments: list[Any] = []
-        self._seg_size = 0
-        self._used = 0
+        # every segment in creation order (its index is the one in ``blocks``): SharedMemory
+        # objects (shm, only the open end of each chain has a file descriptor) or CUDA tensors
+        self._segments: list[Any] = []
+        # chain key -> [segment index, size, bytes used]; shm: one chain per layer (a layer's
+        # rows stay contiguous across steps), cuda: one chain for all layers
+        self._chains: dict[int, list[int]] = {}
         self._blocks: list[tuple[int, int, int, int, int]] = []
         self._requests: dict[str, list[list[int]]] = {}
         self._rows = 0
@@ -347,22 +352,22 @@ class SegmentedCapture:
         self._writer_open = False
 
     # -- writing ---------------------------------------------------------------------
-    def _new_segment(self, row_bytes: int, wanted: int) -> None:
+    def _new_segment(self, key: int, row_bytes: int, wanted: int) -> list[int]:
         if self._kind == "cuda":  # device memory is committed at once: no larger than needed
             size = max(row_bytes, min(self.segment_bytes, wanted))
-        else:  # a /dev/shm file's untouched tail costs nothing
-            size = max(self.segment_bytes, row_bytes)
-        if self._kind == "cuda":
             torch = _torch()
-            self._cuda_segments.append(torch.empty(size, dtype=torch.uint8, device=self._device))
-        else:
+            self._segments.append(torch.empty(size, dtype=torch.uint8, device=self._device))
+        else:  # a /dev/shm file's untouched tail costs nothing
             from multiprocessing import shared_memory
 
-            if self._shms:
-                self._shms[-1].close()  # keeps its name; only one file descriptor open at a time
-            name = f"{_PREFIX}{os.getpid()}_{secrets.token_hex(6)}_{len(self._shms)}"
-            self._shms.append(shared_memory.SharedMemory(name=name, create=True, size=size))
-        self._seg_size, self._used = size, 0
+            size = max(self.segment_bytes, row_bytes)
+            full = self._chains.get(key)
+            if full is not None:
+                self._segments[full[0]].close()  # keeps its name; one open descriptor per chain
+            name = f"{_PREFIX}{os.getpid()}_{secrets.token_hex(6)}_{len(self._segments)}"
+            self._segments.append(shared_memory.SharedMemory(name=name, create=True, size=size))
+        chain = self._chains[key] = [len(self._segments) - 1, size, 0]
+        return chain
 
     def _write(self, layer: int, src: torch.Tensor, n: int, row_bytes: int, later: int) -> None:
         """Copy ``n`` rows; ``later``: bytes the rest of this forward will add."""
@@ -371,27 +376,30 @@ class SegmentedCapture:
         if self._kind == "shm" and src.device.type != "cpu":
             src = src.to("cpu")
         flat = src.reshape(-1).view(_torch().uint8)
+        key = layer if self._kind == "shm" else 0
+        # a CUDA segment is sized for this forward's remaining bytes (all layers share one chain);
+        # an shm chain holds one layer, its segments have the fixed size
+        chain = self._chains.get(key)
         done = 0
         while done < n:
-            fit = (self._seg_size - self._used) // row_bytes
+            fit = (chain[1] - chain[2]) // row_bytes if chain is not None else 0
             if fit <= 0:
-                self._new_segment(row_bytes, (n - done) * row_bytes + later)
+                chain = self._new_segment(key, row_bytes, (n - done) * row_bytes + later)
                 continue
+            index, _, used = chain
             k = min(fit, n - done)
             nbytes = k * row_bytes
             if self._kind == "cuda":
-                seg = self._cuda_segments[-1]
-                seg[self._used:self._used + nbytes].copy_(flat[done * row_bytes:done * row_bytes + nbytes])
-                index = len(self._cuda_segments) - 1
+                seg = self._segments[index]
+                seg[used:used + nbytes].copy_(flat[done * row_bytes:done * row_bytes + nbytes])
             else:
-                self._pwrite(_buffer(flat, done * row_bytes, nbytes), self._used)
-                index = len(self._shms) - 1
-            self._blocks.append((index, self._used, layer, self._rows + done, k))
-            self._used += nbytes
+                self._pwrite(index, _buffer(flat, done * row_bytes, nbytes), used)
+            self._blocks.append((index, used, layer, self._rows + done, k))
+            chain[2] = used + nbytes
             done += k
 
-    def _pwrite(self, data: Any, offset: int) -> None:
-        shm = self._shms[-1]
+    def _pwrite(self, index: int, data: Any, offset: int) -> None:
+        shm = self._segments[index]
         fd = getattr(shm, "_fd", -1)
         view = memoryview(data).cast("B")
         try:
@@ -424,14 +432,14 @@ class SegmentedCapture:
         blocks = tuple(self._blocks)
         dtype = str(self._dtype).removeprefix("torch.")
         if self._kind == "cuda":
-            segments: tuple[Any, ...] = tuple(self._cuda_segments)
-            self._handed.extend(self._cuda_segments)
+            segments: tuple[Any, ...] = tuple(self._segments)
+            self._handed.extend(self._segments)
             device = self._device.index if self._device.index is not None else _torch().cuda.current_device()
         else:
-            for shm in self._shms:
+            for shm in self._segments:
                 shm.close()
                 _untrack(shm)  # ownership passes with the descriptor
-            segments, device = tuple(shm.name for shm in self._shms), None
+            segments, device = tuple(shm.name for shm in self._segments), None
         desc = HandoffDescriptor(self._kind, dtype, self._hidden, self._num_layers, segments,
                                  blocks, requests, device)
         self._reset()
@@ -443,12 +451,13 @@ class SegmentedCapture:
 
     def discard(self) -> None:
         """Drop everything stored and not yet handed over (unlinks its segments)."""
-        for shm in self._shms:
-            shm.close()
-            try:
-                shm.unlink()
-            except FileNotFoundError:  # pragma: no cover
-                pass
+        if self._kind == "shm":
+            for shm in self._segments:
+                shm.close()
+                try:
+                    shm.unlink()
+                except FileNotFoundError:  # pragma: no cover
+                    pass
         self._reset()
 
 
@@ -534,15 +543,29 @@ def _segment_copies(descriptor: HandoffDescriptor, runs: list[tuple[int, int, in
     return by_segment
 
 
-def _whole_layers(copies: dict[int, list[tuple[int, int, int, int]]], total: int) -> dict[int, tuple[int, int]]:
+def _whole_layers(copies: dict[int, list[tuple[int, int, int, int]]], total: int,
+                  row_bytes: int) -> dict[int, tuple[int, int]]:
     """{layer: (segment index, byte offset)} for every layer whose output is one contiguous
-    range of one segment, already in output order (e.g. a call that ran in one step)."""
+    range of one segment, already in output order (e.g. steps that scheduled the requests
+    in input order: each step's rows follow the previous step's in the layer's segment)."""
     pieces: dict[int, list[tuple[int, int, int, int]]] = {}
     for seg, parts in copies.items():
         for layer, offset, out_row, n in parts:
-            pieces.setdefault(layer, []).append((seg, offset, out_row, n))
-    return {layer: (ps[0][0], ps[0][1]) for layer, ps in pieces.items()
-            if len(ps) == 1 and ps[0][2] == 0 and ps[0][3] == total and total > 0}
+            pieces.setdefault(layer, []).append((out_row, seg, offset, n))
+    whole = {}
+    for layer, ps in pieces.items():
+        ps.sort()
+        out_row, seg, offset, n = ps[0]
+        if out_row != 0:
+            continue
+        for o, s, off, k in ps[1:]:  # each piece must continue the previous one in the same segment
+            if (o, s, off) != (out_row + n, seg, offset + n * row_bytes):
+                break
+            n += k
+        else:
+            if n == total and total > 0:
+                whole[layer] = (seg, ps[0][2])
+    return whole
 
 
 def _map_rows(fd: int, length: int) -> Any:
@@ -572,7 +595,7 @@ def _materialize_shm(descriptor: HandoffDescriptor, order: Sequence[tuple[str, i
     # a layer whose rows lie in one piece, in order (a call that ran in one step), is returned as
     # a view of the segment's pages: mapped, then the name is unlinked, and the pages live as long
     # as the tensor (no copy); the other layers are read into fresh tensors
-    whole = _whole_layers(copies, total) if map_pages else {}
+    whole = _whole_layers(copies, total, row_bytes) if map_pages else {}
     host: list[Any] = [None if layer in whole else torch.empty((total, descriptor.hidden), dtype=dtype)
                        for layer in range(descriptor.num_layers)]
     names = descriptor.segments

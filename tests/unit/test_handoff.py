@@ -186,17 +186,29 @@ def _mapped_segments() -> set[str]:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_one_step_in_input_order_is_mapped_not_copied(worker, dtype):
-    """A call that ran in one step, requests in input order: each layer's rows are one range
-    of a segment, returned as a view of its pages (no copy); the name is unlinked at once
-    and the pages go with the last tensor.  Byte-identical to the reference; writable."""
+@pytest.mark.parametrize("steps", [
+    [[("a", 7), ("b", 300), ("c", 45)]],  # one step
+    [[("a", 7), ("b", 100)], [("b", 200), ("c", 45)], [("d", 9)]],  # steps in input order, b chunked
+], ids=["one-step", "three-steps"])
+def test_steps_in_input_order_are_mapped_not_copied(worker, dtype, steps):
+    """Steps that scheduled the requests in input order (one step, or several with a
+    chunked prefill between them): each layer's rows are one range of its segment chain,
+    returned as a view of the pages (no copy); the names are unlinked at once and the pages
+    go with the last tensor.  Byte-identical to the reference; writable."""
     import gc
 
-    step = [("a", 7), ("b", 300), ("c", 45)]
-    spec = dict(steps=[step], dtype=dtype, hidden=40, layers=3, pad=3, seed=5, segment_bytes=1 << 20)
+    order = []
+    for step in steps:
+        for rid, n in step:
+            if order and order[-1][0] == rid:
+                order[-1] = (rid, order[-1][1] + n)
+            else:
+                order.append((rid, n))
+    spec = dict(steps=steps, dtype=dtype, hidden=40, layers=3, pad=3, seed=5, segment_bytes=1 << 20)
     pid, desc = worker(spec)
-    out = materialize(desc, step)
-    ref = _reference([step], _layers([step], getattr(torch, dtype), 40, 3, 3, 5), step)
+    assert len(desc.segments) == 3  # one per layer
+    out = materialize(desc, order)
+    ref = _reference(steps, _layers(steps, getattr(torch, dtype), 40, 3, 3, 5), order)
     assert all(_same_bytes(o, r) for o, r in zip(out, ref))
     assert _segments(pid) == set()  # unlinked ...
     assert set(desc.segments) <= _mapped_segments()  # ... and mapped here
@@ -210,13 +222,18 @@ def test_one_step_in_input_order_is_mapped_not_copied(worker, dtype):
 
 
 def test_rows_out_of_order_or_over_steps_are_copied(worker):
-    """Requests in another order than the input, one request over two steps, or
-    ``map_pages=False``: the layers are read into fresh tensors and nothing stays mapped."""
-    for steps, order, map_pages in (([[("b", 4), ("a", 6)]], [("a", 6), ("b", 4)], True),
-                                    ([[("a", 5)], [("a", 3)]], [("a", 8)], True),
-                                    ([[("a", 6), ("b", 4)]], [("a", 6), ("b", 4)], False)):
+    """Requests in another order than the input (within a step or across steps), a layer
+    whose rows fill more than one segment, or ``map_pages=False``: the layers are read into
+    fresh tensors and nothing stays mapped."""
+    big = 1 << 20
+    for steps, order, map_pages, segment_bytes in (
+            ([[("b", 4), ("a", 6)]], [("a", 6), ("b", 4)], True, big),
+            ([[("b", 4)], [("a", 6)]], [("a", 6), ("b", 4)], True, big),
+            ([[("a", 5), ("b", 2)], [("a", 3)]], [("a", 8), ("b", 2)], True, big),
+            ([[("a", 5)], [("a", 3)]], [("a", 8)], True, 6 * 16 * 4),  # 6 rows per segment
+            ([[("a", 6), ("b", 4)]], [("a", 6), ("b", 4)], False, big)):
         pid, desc = worker(dict(steps=steps, dtype="float32", hidden=16, layers=2, pad=0, seed=9,
-                                segment_bytes=1 << 20))
+                                segment_bytes=segment_bytes))
         out = materialize(desc, order, map_pages=map_pages)
         ref = _reference(steps, _layers(steps, torch.float32, 16, 2, 0, 9), order)
         assert all(_same_bytes(o, r) for o, r in zip(out, ref))

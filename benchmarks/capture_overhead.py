@@ -15,13 +15,15 @@ drift of this noisy machine hits every variant alike):
                  returned as views of the mapped segment): ``--copied``.
 * ``capture-threads-kept`` - ``capture`` with ``SPEC_COMPAT_DRIVER_THREADS=keep`` (patch
                  driver-torch-threads off: the driver copies with torch's default thread count): ``--threads-kept``.
+* ``capture-no-pool`` - ``capture`` with ``SPEC_COMPAT_SHM_POOL_MB=0`` (the hand-off's segments are
+                 unlinked after each call, the worker writes fresh pages every call): ``--no-pool``.
 * ``capture-predict`` - experiment (``--predict``): the driver sleeping once per step instead of polling.
 * ``native04`` - the same call in a speculators 0.4.0.1 cell (``--python-04``): its own generator,
                  with only the patches that cell needs (P3).
 
 usage:
     python benchmarks/capture_overhead.py [--model llama|kimi-k25|wide] [--seqs 64] [--len 512]
-        [--repeats 3] [--rounds 2 | --interleave CYCLES] [--sleep] [--copied] [--threads-kept]
+        [--repeats 3] [--rounds 2 | --interleave CYCLES] [--sleep] [--copied] [--threads-kept] [--no-pool]
         [--python PY] [--python-04 PY]
         [--json OUT]
 
@@ -238,6 +240,9 @@ def child_env(variant: str) -> dict[str, str]:
     env.pop("SPEC_COMPAT_DISABLE", None)
     env.pop("SPEC_COMPAT_DRIVER_WAIT", None)
     env.pop("SPEC_COMPAT_DRIVER_THREADS", None)
+    env.pop("SPEC_COMPAT_SHM_POOL_MB", None)
+    if variant == "capture-no-pool":
+        env["SPEC_COMPAT_SHM_POOL_MB"] = "0"
     if variant == "capture-threads-kept":
         env["SPEC_COMPAT_DRIVER_THREADS"] = "keep"
     if variant == "capture-sleep":
@@ -372,6 +377,9 @@ def main() -> int:
     ap.add_argument("--threads-kept", action="store_true",
                     help="also run capture with SPEC_COMPAT_DRIVER_THREADS=keep (torch's thread count in the "
                          "driver, the shipped path before patch driver-torch-threads)")
+    ap.add_argument("--no-pool", action="store_true",
+                    help="also run capture with SPEC_COMPAT_SHM_POOL_MB=0 (no recycled segments: fresh pages "
+                         "every call, the shipped path before the pool)")
     ap.add_argument("--first-round", type=int, default=0,
                     help="round number to start from (odd: reversed order first; to split a run into parts)")
     ap.add_argument("--interleave", type=int, default=0, metavar="CYCLES",
@@ -405,6 +413,8 @@ def main() -> int:
             variants.append(("capture-predict", args.python))
         if args.threads_kept:
             variants.append(("capture-threads-kept", args.python))
+        if args.no_pool:
+            variants.append(("capture-no-pool", args.python))
         if args.python_04:
             variants.append(("native04", args.python_04))
         seconds: dict[str, list[float]] = {v: [] for v, _ in variants}
@@ -461,6 +471,9 @@ def main() -> int:
                           "capture-threads-kept"))
             pairs.append(("P2 without driver-torch-threads (capture-threads-kept/plain)", "capture-threads-kept",
                           "plain"))
+        if "capture-no-pool" in seconds:
+            pairs.append(("capture/capture-no-pool (recycled segments on vs off)", "capture", "capture-no-pool"))
+            pairs.append(("P2 without recycled segments (capture-no-pool/plain)", "capture-no-pool", "plain"))
         if "native04" in seconds:
             pairs.append(("P3 capture/native04", "capture", "native04"))
         for name, num, den in pairs:

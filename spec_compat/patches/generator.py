@@ -8,6 +8,8 @@ caller in the process.  Worker-side patches live in :mod:`.worker`.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -306,6 +308,9 @@ class RowsByRequestId(Patch):
             key = id(executor.vllm_config)
             if method == "_reset_capture":
                 _OPEN.discard(key)
+                spares = _spares_for(executor)  # also checks SPEC_COMPAT_SHM_POOL_MB before any work
+                if spares:  # recycled segments for the worker's next call (capture-handoff-shm)
+                    return wrapped("_spec_compat_reset_capture", args=(spares,))
             result = wrapped(*args, **kwargs)
             if method != "_get_captured_states":
                 return result
@@ -315,7 +320,7 @@ class RowsByRequestId(Patch):
             for i, reply in enumerate(replies):
                 payload = find_payload(reply)
                 if payload is not None:
-                    layers = _assemble(payload, order)
+                    layers = _assemble(payload, order, recycle=len(replies) == 1)
                     if isinstance(result, list):
                         return [layers if j == i else r for j, r in enumerate(replies)]
                     return layers
@@ -399,16 +404,34 @@ def reply_queues(executor: Any) -> list[Any]:
     return list(found.values())
 
 
-def _assemble(payload: Any, order: list[tuple[str, int]]) -> list[Any]:
+def _spares_for(executor: Any) -> list[str]:
+    """Pooled segments for a one-worker executor's next call (none with several workers: each
+    name must reach exactly one writer)."""
+    handoff = sys.modules.get("spec_compat.shims.handoff")
+    if handoff is None:  # nothing was handed over yet in this process
+        return []
+    handoff.pool_bytes_from_env(os.environ.get(handoff.POOL_VAR))  # a malformed switch fails here, early
+    if len(getattr(executor, "workers", None) or ()) != 1:
+        return []
+    return handoff.take_spares()
+
+
+def _assemble(payload: Any, order: list[tuple[str, int]], recycle: bool = False) -> list[Any]:
     """Per-request rows from the worker in input order: tensors (pickled reply) or a
-    shared-memory descriptor (patch capture-handoff-shm): a one-step layer is a view of its
-    mapped segment, the others are read straight into the output."""
+    shared-memory descriptor (patch capture-handoff-shm): a layer whose rows lie in input order
+    is a view of its mapped segment, the others are read straight into the output.  ``recycle``
+    (one worker): segments read go to the pool (``SPEC_COMPAT_SHM_POOL_MB``) for the next call."""
     from ..shims.capture import assemble_in_order
 
     if type(payload).__name__ == "HandoffDescriptor":
-        from ..shims.handoff import materialize
+        from ..shims.handoff import POOL_VAR, discard, materialize, pool_bytes_from_env
 
-        return materialize(payload, order)
+        try:
+            cap = pool_bytes_from_env(os.environ.get(POOL_VAR)) if recycle else 0
+        except ValueError:
+            discard(payload)  # the segments are unlinked, not left in /dev/shm
+            raise
+        return materialize(payload, order, recycle_bytes=cap)
     return assemble_in_order(payload, order)
 
 

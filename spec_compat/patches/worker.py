@@ -209,8 +209,9 @@ class CaptureHandoffShm(Patch):
 
     id = "capture-handoff-shm"
     summary = ("captured rows streamed into shared-memory segments per layer as they are computed; the worker "
-               "returns a descriptor; the driver maps a one-step call's rows and reads others straight into its "
-               "output (no pickled payload)")
+               "returns a descriptor; the driver maps each layer whose rows lie in input order (steps that kept "
+               "the requests' order) and reads others straight into its output (no pickled payload); segments "
+               "no tensor reads any more are written again by the next call (SPEC_COMPAT_SHM_POOL_MB)")
     upstream = "speculators 0.3.0 custom_worker:95 returns tensors through collective_rpc (pickled; PR #322)"
     target = f"{CW}:HiddenStatesWorkerExtension"
     requires = {"speculators": SPEC_03}
@@ -254,6 +255,19 @@ class CaptureHandoffShm(Patch):
             _fresh_store(self)
             return out
 
+        def _spec_compat_reset_capture(self: Any, spares: list[str]) -> Any:
+            """``_reset_capture`` plus the driver's recycled segments for this call."""
+            out = _reset_capture(self)
+            store = self.__dict__.get("_spec_compat_store")
+            if isinstance(store, SegmentedCapture):
+                store.adopt(spares)
+            else:  # the pickled reply this call: nobody will write them
+                from ..shims.handoff import _unlink
+
+                for name in spares:
+                    _unlink(name)
+            return out
+
         def _get_captured_states(self: Any) -> Any:
             store = self.__dict__.get("_spec_compat_store")
             if not isinstance(store, SegmentedCapture):
@@ -276,6 +290,7 @@ class CaptureHandoffShm(Patch):
 
         for name, fn in (("_setup_hidden_states_capture", _setup_hidden_states_capture),
                          ("_reset_capture", _reset_capture),
+                         ("_spec_compat_reset_capture", _spec_compat_reset_capture),
                          ("_get_captured_states", _get_captured_states),
                          ("_spec_compat_layer_writer", _spec_compat_layer_writer)):
             changes.setattr(ext, name, fn)

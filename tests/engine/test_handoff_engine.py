@@ -31,11 +31,13 @@ from spec_compat.selftest import workloads
 from spec_compat.testing import pinned_dtype
 from spec_compat.shims import handoff
 
-calls, mapped = [], []
+calls, mapped, reused, seen = [], [], [], set()
 orig = handoff.materialize
 def counting(desc, order, *a, **k):
     out = orig(desc, order, *a, **k)
     calls.append(len(order))
+    reused.append(len(set(desc.segments) & seen))  # segments an earlier call wrote (recycled)
+    seen.update(desc.segments)
     with open("/proc/self/maps") as f:  # segments the returned layers view (mapped, not copied)
         maps = f.read()
     mapped.append(sum(("/dev/shm/" + name) in maps for name in desc.segments))
@@ -61,7 +63,7 @@ for name in names:
         after.add(torch.get_num_threads())
         torch.save([r["hidden_states"] for r in res], f"{out}/call_{n}.pt")
         n += 1
-print("SPEC_COMPAT_RESULT " + json.dumps({"calls": n, "materialized": calls, "mapped": mapped, "threads_inside": sorted(inside),
+print("SPEC_COMPAT_RESULT " + json.dumps({"calls": n, "materialized": calls, "mapped": mapped, "reused": reused, "threads_inside": sorted(inside),
                                           "threads_after": sorted(after)}), flush=True)
 gen.executor.shutdown()
 """
@@ -100,6 +102,9 @@ def test_handoff_rows_equal_the_pickled_path(llama_dir, tmp_path):
     # the driver maps them.  The chunked call is copied (vLLM 0.16 schedules the split request's
     # remainder after the requests behind it); its bytes are compared below all the same
     assert shm["mapped"][1:] == [len(LAYERS)] * 3, shm
+    # every later call writes into the segments of the call before it (read, or mapped and
+    # released when generate() dropped them): the pages are recycled, the bytes still equal
+    assert shm["reused"] == [0] + [len(LAYERS)] * 3, shm
     assert shm["threads_after"] == pickled["threads_after"] == pickled["threads_inside"] == [2]
     if REGISTRY.get("driver-torch-threads").needed()[0]:
         assert shm["threads_inside"] == [1]

@@ -57,6 +57,7 @@ def _reference(steps, layers, order) -> list[Any]:
 
 def _capture(spec: dict) -> tuple[SegmentedCapture, HandoffDescriptor | None]:
     store = SegmentedCapture(segment_bytes=spec["segment_bytes"], mode=spec.get("mode", "auto"))
+    store.adopt(spec.get("spares", ()))
     layers = _layers(spec["steps"], getattr(torch, spec["dtype"]), spec["hidden"], spec["layers"],
                      spec["pad"], spec["seed"], spec.get("device", "cpu"))
     for step, ls in zip(spec["steps"], layers):
@@ -377,3 +378,127 @@ def test_worker_keeps_the_pickled_reply_when_dev_shm_is_small(monkeypatch, caplo
     assert "captured rows go back pickled" in caplog.text
     monkeypatch.setattr(worker, "MIN_FREE_SHM", 0)
     assert worker._shm_usable() is True
+
+
+# -- recycling: segments the driver has read go back to the worker ------------------------
+from spec_compat.shims.handoff import (  # noqa: E402
+    pool_bytes_from_env, pooled_segments, release_pool, reopen_pool, take_spares,
+)
+
+
+@pytest.fixture
+def pool():
+    release_pool()
+    reopen_pool()
+    yield
+    release_pool()
+    reopen_pool()
+
+
+def _spec(seed: int, spares=(), steps=None) -> dict:
+    return dict(steps=steps or [[("a", 40), ("b", 24)], [("c", 30)]], dtype="float32", hidden=32, layers=2,
+                pad=1, seed=seed, segment_bytes=1 << 16, spares=list(spares))
+
+
+def _ref(spec: dict, order) -> list:
+    return _reference(spec["steps"], _layers(spec["steps"], torch.float32, spec["hidden"], spec["layers"],
+                                             spec["pad"], spec["seed"]), order)
+
+
+ORDER3 = [("a", 40), ("b", 24), ("c", 30)]
+
+
+@pytest.mark.parametrize("map_pages", [True, False])
+def test_recycled_segments_are_written_again_byte_identical(worker, pool, map_pages):
+    """Call 1's segments, once read (copied) or once their tensors are gone (mapped), are
+    pooled; call 2's worker writes into exactly those and its rows equal the reference."""
+    import gc
+
+    spec1 = _spec(1)
+    pid, d1 = worker(spec1)
+    out1 = materialize(d1, ORDER3, map_pages=map_pages, recycle_bytes=1 << 30)
+    assert all(_same_bytes(o, r) for o, r in zip(out1, _ref(spec1, ORDER3)))
+    if map_pages:  # the tensors view the pages: not reusable yet
+        assert pooled_segments() == {}
+        del out1
+        gc.collect()
+    assert set(pooled_segments()) == set(d1.segments)
+    assert all(size > 0 for size in pooled_segments().values())  # pages allocated
+    spares = take_spares()
+    assert pooled_segments() == {}
+    spec2 = _spec(2, spares)
+    pid, d2 = worker(spec2)
+    assert set(d2.segments) == set(spares) and d2.spares == ()  # every segment reused
+    out2 = materialize(d2, ORDER3, map_pages=map_pages, recycle_bytes=1 << 30)
+    assert all(_same_bytes(o, r) for o, r in zip(out2, _ref(spec2, ORDER3)))
+    del out2
+    gc.collect()
+    assert set(pooled_segments()) == set(spares)
+    release_pool()
+    assert _segments(pid) == set()
+
+
+def test_a_live_mapped_tensor_is_never_written_over(worker, pool):
+    """A caller keeps call 1's mapped layer: call 2 gets no spare and writes fresh segments;
+    call 1's rows stay as they were.  Once the caller drops them, call 3 reuses the pages."""
+    import gc
+
+    spec1 = _spec(1)
+    _, d1 = worker(spec1)
+    kept = materialize(d1, ORDER3, recycle_bytes=1 << 30)[1]  # layer 0's tensor dropped at once
+    gc.collect()
+    assert set(pooled_segments()) <= set(d1.segments) and len(pooled_segments()) == 1
+    spares = take_spares()
+    spec2 = _spec(2, spares)
+    _, d2 = worker(spec2)
+    assert set(spares) < set(d2.segments)  # the dropped layer's segment reused, one fresh
+    out2 = materialize(d2, ORDER3, recycle_bytes=1 << 30)
+    assert all(_same_bytes(o, r) for o, r in zip(out2, _ref(spec2, ORDER3)))
+    assert _same_bytes(kept, _ref(spec1, ORDER3)[1])  # untouched by call 2
+    del kept, out2
+    gc.collect()
+    assert len(pooled_segments()) == 3
+
+
+def test_unused_spares_come_back_and_a_cap_unlinks(worker, pool):
+    """More spares than a call needs: the rest come back in the descriptor and return to
+    the pool; a pool cap below a segment's pages unlinks instead of pooling; a worker store
+    discarded with spares unlinks them."""
+    spec1 = _spec(1)
+    pid, d1 = worker(spec1)
+    materialize(d1, ORDER3, map_pages=False, recycle_bytes=1 << 30)
+    spares = take_spares()
+    small = dict(_spec(3, spares, steps=[[("x", 5)]]), layers=1)
+    _, d2 = worker(small)
+    assert len(d2.segments) == 1 and set(d2.spares) == set(spares) - set(d2.segments)
+    out = materialize(d2, [("x", 5)], map_pages=False, recycle_bytes=1)  # cap: 1 byte
+    assert _same_bytes(out[0], _ref(small, [("x", 5)])[0])
+    assert pooled_segments() == {} and _segments(pid) == set()  # nothing fits the cap: all unlinked
+
+    _, d3 = worker(spec1)
+    materialize(d3, ORDER3, map_pages=False, recycle_bytes=1 << 30)
+    store = SegmentedCapture()
+    store.adopt(take_spares())
+    store.discard()
+    assert _segments(pid) == set() and _segments(os.getpid()) == set()
+
+
+def test_release_pool_unlinks_pooled_and_mapped_names(worker, pool):
+    import gc
+
+    _, d1 = worker(_spec(1))
+    out = materialize(d1, ORDER3, recycle_bytes=1 << 30)
+    release_pool()  # at exit: nothing of spec-compat's left in /dev/shm, mapped pages still readable
+    assert live_segments() & set(d1.segments) == set()
+    assert _same_bytes(out[0], _ref(_spec(1), ORDER3)[0])
+    del out
+    gc.collect()
+    assert pooled_segments() == {}  # a return after release is unlinked, not pooled
+
+
+def test_pool_switch():
+    assert pool_bytes_from_env(None) == pool_bytes_from_env("") == 512 << 20
+    assert pool_bytes_from_env(" 0 ") == 0 and pool_bytes_from_env("64") == 64 << 20
+    for bad in ("-1", "1.5", "lots", "64MB"):
+        with pytest.raises(ValueError, match=r"spec_compat\[capture-handoff-shm\]: SPEC_COMPAT_SHM_POOL_MB="):
+            pool_bytes_from_env(bad)

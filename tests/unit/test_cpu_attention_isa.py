@@ -1,6 +1,6 @@
 """``cpu-attention-isa-probe``: the patch's own class on a fake ``cpu_attn`` module in a fresh
 registry (the probe's answer and the CPU's AMX support are set by the test).  The real kernels
-and the real engine are tests/engine/test_cpu_attention_isa.py's."""
+and the real engine are tests/engine/test_amx_attention_engine.py's."""
 
 from __future__ import annotations
 

@@ -32,6 +32,7 @@ EXTRACTION_MODULES = (
     "speculators.data_generation.vllm_hidden_states_generator",
     "speculators.data_generation.custom_worker",
     "vllm.platforms.cpu",
+    "vllm.v1.attention.backends.cpu_attn",
     "vllm.model_executor.models.kimi_k25",
     # data preparation and training
     "speculators.data_generation.preprocessing",

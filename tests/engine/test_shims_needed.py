@@ -48,6 +48,11 @@ OPTIMIZATIONS = {
 GUARDS = {
     "generator-input-checks": "test_lost_rows_raise_instead_of_passing_silently",
 }
+#: hardware fixes (nothing fails without them on most CPUs): patch id -> the test that runs the
+#: stock path on hardware where it fails (skipped elsewhere) and the patched path against a reference
+HARDWARE = {
+    "cpu-attention-isa-probe": "test_amx_cpu_decodes_with_the_probe_and_dies_without",
+}
 #: patches that only fail once the patch superseding them is off too
 ALSO_DISABLE = {
     "worker-forward-embed-input-ids": "capture-layer-hooks",
@@ -89,11 +94,11 @@ def test_every_needed_patch_has_a_proof_case():
     sources = "".join(p.read_text() for p in here.glob("test_*.py"))
     for pid, test in TRAINING_PROOFS.items():
         assert f"def {test}(" in sources, f"{pid}: proof test {test} does not exist"
-    for pid, test in {**OPTIMIZATIONS, **GUARDS}.items():
+    for pid, test in {**OPTIMIZATIONS, **GUARDS, **HARDWARE}.items():
         assert f"def {test}(" in sources, f"{pid}: proof test {test} does not exist"
     assert "def test_fails_with_only_this_serving_shim_disabled(" in sources
     known = (set(EXPOSED_BY) | set(TRAINING_PROOFS) | set(MEASURED_ONLY) | set(SERVING_EXPOSED_BY)
-             | set(OPTIMIZATIONS) | set(GUARDS))
+             | set(OPTIMIZATIONS) | set(GUARDS) | set(HARDWARE))
     missing = [pid for pid in _needed_here() if pid not in known]
     assert not missing, f"patches without a disabled-shim test: {missing}"
 

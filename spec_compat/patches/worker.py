@@ -210,8 +210,8 @@ class CaptureHandoffShm(Patch):
     id = "capture-handoff-shm"
     summary = ("captured rows streamed into shared-memory segments per layer as they are computed; the worker "
                "returns a descriptor; the driver maps each layer whose rows lie in input order (steps that kept "
-               "the requests' order) and reads others straight into its output (no pickled payload); segments "
-               "no tensor reads any more are written again by the next call (SPEC_COMPAT_SHM_POOL_MB)")
+               "the requests' order) and reads others straight into its output (no pickled payload); opt-in "
+               "SPEC_COMPAT_SHM_POOL_MB: segments no tensor reads any more are written again by the next call")
     upstream = "speculators 0.3.0 custom_worker:95 returns tensors through collective_rpc (pickled; PR #322)"
     target = f"{CW}:HiddenStatesWorkerExtension"
     requires = {"speculators": SPEC_03}

@@ -39,7 +39,7 @@ Driver side - :func:`materialize`
     whose pages are freed with the tensor.  All
     segments are unlinked even when it raises; :func:`discard` unlinks them without reading.
 
-Recycling (driver side, opt-out)
+Recycling (driver side, opt-in: ``SPEC_COMPAT_SHM_POOL_MB``)
     ``materialize(..., recycle_bytes=N)`` keeps a segment, once its rows are copied out or
     the last tensor mapping it is gone (a ``weakref.finalize`` on the mapping), in a pool of
     at most N allocated bytes instead of unlinking it; :func:`take_spares` hands the pool to
@@ -589,12 +589,13 @@ atexit.register(release_pool)
 
 #: environment switch: MiB of allocated segment pages the driver keeps for reuse (0: none)
 POOL_VAR = "SPEC_COMPAT_SHM_POOL_MB"
-DEFAULT_POOL_MB = 512
+#: opt-in: in end-to-end runs the pool made no measurable difference yet (benchmarks/RESULTS.md, P2)
+DEFAULT_POOL_MB = 0
 
 
 def pool_bytes_from_env(raw: str | None) -> int:
-    """``SPEC_COMPAT_SHM_POOL_MB``: unset or empty is the default (512), else a whole number of
-    MiB >= 0 (0 turns recycling off).  Anything else raises a ``ValueError`` naming the switch."""
+    """``SPEC_COMPAT_SHM_POOL_MB``: unset or empty is the default (0: off), else a whole number of
+    MiB >= 0 (e.g. 512; 0 turns recycling off).  Anything else raises a ``ValueError`` naming the switch."""
     text = (raw or "").strip()
     if not text:
         return DEFAULT_POOL_MB << 20

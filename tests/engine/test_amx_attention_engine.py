@@ -29,10 +29,9 @@ print("SPEC_COMPAT_RESULT " + json.dumps([list(o.outputs[0].token_ids) for o in 
 
 
 def _amx_cpu() -> bool:
-    import torch
+    from spec_compat.patches.platform import amx_tiles
 
-    probe = getattr(getattr(torch._C, "_cpu", None), "_is_amx_tile_supported", None)
-    return bool(probe and probe())
+    return bool(amx_tiles())
 
 
 def _decode(model, block: str, disable: str | None) -> subprocess.CompletedProcess:

@@ -20,11 +20,11 @@ def _get_attn_isa(dtype, block_size, head_size=None):  # vLLM 0.16's rule, enoug
     return "vec" if block_size % 32 == 0 else "vec16"
 
 
-def _setup(fake_module, monkeypatch, *, amx_cpu: bool, kernels: set[int], fn=_get_attn_isa):
+def _setup(fake_module, monkeypatch, *, amx_cpu: bool | None, kernels: set[int], fn=_get_attn_isa):
     mod = fake_module(_get_attn_isa=fn)
     cls = type("CpuAttentionIsaProbe", (platform.CpuAttentionIsaProbe,),
                {"target": f"{mod.__name__}:_get_attn_isa", "requires": {}})
-    monkeypatch.setattr(torch._C._cpu, "_is_amx_tile_supported", lambda: amx_cpu)
+    monkeypatch.setattr(platform, "amx_tiles", lambda: amx_cpu)
     asked: list[int] = []
     monkeypatch.setattr(platform, "amx_attention_works", lambda h: asked.append(h) or h in kernels)
     reg = Registry()
@@ -76,3 +76,9 @@ def test_drifted_signature_is_target_changed(fake_module, monkeypatch):
     reg, mod, rec, _ = _setup(fake_module, monkeypatch, amx_cpu=True, kernels=set(), fn=drifted)
     assert rec.status is Status.TARGET_CHANGED and "head_size" in rec.reason
     assert mod._get_attn_isa is drifted
+
+
+def test_torch_that_cannot_tell_is_target_changed(fake_module, monkeypatch):
+    reg, mod, rec, _ = _setup(fake_module, monkeypatch, amx_cpu=None, kernels=set())
+    assert rec.status is Status.TARGET_CHANGED and "_is_amx_tile_supported" in rec.reason
+    assert mod._get_attn_isa is _get_attn_isa

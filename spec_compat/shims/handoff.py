@@ -508,13 +508,13 @@ class SegmentedCapture:
 
 
 # -- driver side ---------------------------------------------------------------------
-def discard(descriptor: HandoffDescriptor | None) -> None:
-    """Unlink a descriptor's shared-memory segments without reading them."""
-    if descriptor is not None and descriptor.kind == "shm":
-        for name in descriptor.segments:
-            _unlink(name)
-    if descriptor is not None:
-        for name in descriptor.spares:
+def discard(descriptor: HandoffDescriptor | None, *, skip: set[str] | frozenset[str] = frozenset()) -> None:
+    """Unlink a descriptor's shared-memory segments and spares without reading them (but the
+    names in ``skip``, which a reader has already unlinked or pooled)."""
+    if descriptor is None:
+        return
+    for name in (*(descriptor.segments if descriptor.kind == "shm" else ()), *descriptor.spares):
+        if name not in skip:
             _unlink(name)
 
 
@@ -524,7 +524,9 @@ def discard(descriptor: HandoffDescriptor | None) -> None:
 # faulting in fresh tmpfs pages (measured: 7.9 vs 19.8 ms for 32 MiB).  The pool holds the
 # names, registered with this process's resource tracker (a crash still unlinks them), up to
 # a byte cap of allocated pages; take_spares() empties it for the next call.
-_pool_lock = threading.Lock()
+# re-entrant: a finalizer (_recycle) may run on this thread while it holds the lock, if a
+# garbage collection in the locked section frees the last tensor viewing a segment
+_pool_lock = threading.RLock()
 _pool: dict[str, int] = {}  # name -> allocated bytes
 _live: dict[str, Any] = {}  # name -> finalizer of the mapping that still views it
 _pool_closed = False
@@ -640,7 +642,7 @@ def materialize(descriptor: HandoffDescriptor | None, order: Sequence[tuple[str,
     segments are unlinked in every case; for cuda the caller then lets the worker
     :meth:`~SegmentedCapture.release` its segments.  ``threads``: shm segments read at
     once (default: up to 4, by CPU count).  ``map_pages`` (shm): a layer whose
-    rows lie in one piece of one segment, in ``order`` (a call that ran in one step), is
+    rows lie in one piece of one segment, in ``order`` (steps that kept the input order), is
     returned as a view of the segment's pages instead of a copy - the name is unlinked all
     the same and the pages are freed with the last tensor viewing them; ``False`` copies
     every layer into fresh tensors.  ``recycle_bytes`` > 0 (shm): instead of unlinking a
@@ -657,10 +659,7 @@ def materialize(descriptor: HandoffDescriptor | None, order: Sequence[tuple[str,
             return _materialize_cuda(descriptor, order, device)
         return _materialize_shm(descriptor, order, device, threads, map_pages, recycle_bytes, handled)
     finally:
-        if descriptor is not None:  # whatever the reader did not hand on (an error, or cuda's spares)
-            for name in (*(descriptor.segments if descriptor.kind == "shm" else ()), *descriptor.spares):
-                if name not in handled:
-                    _unlink(name)
+        discard(descriptor, skip=handled)  # whatever the reader did not hand on (an error, unpooled spares)
 
 
 def _outputs(descriptor: HandoffDescriptor, total: int, device: Any) -> list[torch.Tensor]:
@@ -737,9 +736,10 @@ def _materialize_shm(descriptor: HandoffDescriptor, order: Sequence[tuple[str, i
     dtype = getattr(torch, descriptor.dtype)
     row_bytes = descriptor.hidden * dtype.itemsize
     copies = _segment_copies(descriptor, _runs(descriptor, order), row_bytes)
-    # a layer whose rows lie in one piece, in order (a call that ran in one step), is returned as
-    # a view of the segment's pages: mapped, then the name is unlinked, and the pages live as long
-    # as the tensor (no copy); the other layers are read into fresh tensors
+    # a layer whose rows lie in one piece, in order (steps that kept the input order), is returned
+    # as a view of the segment's pages: mapped, then the name is unlinked (or pooled once the last
+    # view is gone), and the pages live as long as the tensor (no copy); the other layers are read
+    # into fresh tensors
     whole = _whole_layers(copies, total, row_bytes) if map_pages else {}
     host: list[Any] = [None if layer in whole else torch.empty((total, descriptor.hidden), dtype=dtype)
                        for layer in range(descriptor.num_layers)]
@@ -752,16 +752,13 @@ def _materialize_shm(descriptor: HandoffDescriptor, order: Sequence[tuple[str, i
         except FileNotFoundError as e:
             raise HandoffError(f"spec_compat[capture-handoff-shm]: shared-memory segment {name} is gone "
                                "(already materialized or discarded?)") from e
-    for name in descriptor.spares:  # untouched by the worker: straight back to the pool
+    for name in descriptor.spares if recycle_bytes > 0 else ():  # untouched: straight back to the pool
         try:
-            shared_memory.SharedMemory(name=name).close()
+            shared_memory.SharedMemory(name=name).close()  # registered here again, as pooled names are
         except FileNotFoundError:
             continue
         handled.add(name)
-        if recycle_bytes > 0:
-            _recycle(name, recycle_bytes)
-        else:
-            _unlink(name)
+        _recycle(name, recycle_bytes)
 
     def done(name: str, shm: Any, mapped: bool, mm: Any) -> None:
         """The worker may write this segment again once nobody reads it."""

@@ -3,10 +3,32 @@ loaded) names exactly the registry's patch ids and target modules."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 from spec_compat import REGISTRY, _manifest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bytecode(root: Path = ROOT) -> dict[str, int]:
+    """Every ``__pycache__`` directory and ``.pyc`` file in the source tree (dot-directories
+    skipped), with its mtime: what a subprocess importing spec_compat from here could write."""
+    found = {}
+    for dirpath, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        here = Path(dirpath)
+        if here.name == "__pycache__":
+            found[str(here)] = here.stat().st_mtime_ns
+        for f in files:
+            if f.endswith(".pyc"):
+                try:
+                    found[str(here / f)] = (here / f).stat().st_mtime_ns
+                except FileNotFoundError:
+                    pass
+    return found
 
 
 def _expected() -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -29,7 +51,8 @@ def test_import_loads_no_patch_class_until_a_target_is_imported(tmp_path):
         "print('spec_compat.patches' in sys.modules)\n"
         "print(len(spec_compat.REGISTRY.patches()) == len(spec_compat._manifest.PATCH_IDS))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path,
+                         env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"))
     assert out.stdout.split() == ["False", "False", "True"], out.stdout + out.stderr
 
 
@@ -47,7 +70,11 @@ def test_importing_a_target_loads_and_applies_the_registry(tmp_path):
         "print(all(r.status.value != 'pending' or r.target.split(':')[0] != 'transformers'"
         " for r in spec_compat.records()))\n"
     )
-    env = {"PYTHONPATH": str(tmp_path) + ":" + ":".join(p for p in sys.path if p), "PATH": "/usr/bin:/bin"}
+    env = {"PYTHONPATH": str(tmp_path) + ":" + ":".join(p for p in sys.path if p), "PATH": "/usr/bin:/bin",
+           "PYTHONDONTWRITEBYTECODE": "1"}  # spec_compat is imported from the source tree
+    before = _bytecode()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
+    written = {p: t for p, t in _bytecode().items() if before.get(p) != t}
+    assert not written, f"bytecode written into the source tree: {sorted(written)}"
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "True"], out.stdout + out.stderr

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from ._naming import through
 from .registry import Changes
 
 KwargsAdapter = Callable[[dict[str, Any]], dict[str, Any]]
@@ -48,9 +49,11 @@ class _Binding:
 
         @functools.wraps(original, updated=())
         def factory(*args: Any, **kwargs: Any) -> Any:
+            ids = list(self.kwargs)
             for adapt in list(self.kwargs.values()):
                 kwargs = adapt(dict(kwargs))
-            return original(*args, **kwargs)
+            with through(ids, f"adapted call to {self.module.__name__}.{self.name}"):
+                return original(*args, **kwargs)
 
         factory.__spec_compat_binding__ = self  # type: ignore[attr-defined]
         return factory
@@ -63,11 +66,13 @@ class _Binding:
         def __init__(inst: Any, *args: Any, **kwargs: Any) -> None:
             for adapt in list(binding.kwargs.values()):
                 kwargs = adapt(dict(kwargs))
+            ids = [*binding.kwargs, *binding.methods.get("__init__", {})]
             call = functools.partial(original.__init__, inst)
             for wrapper in reversed(list(binding.methods.get("__init__", {}).values())):
                 call = functools.partial(wrapper, call, inst)  # type: ignore[assignment]
                 call = _unpack(call)
-            call(*args, **kwargs)
+            with through(dict.fromkeys(ids), f"adapted {binding.module.__name__}.{binding.name}()"):
+                call(*args, **kwargs)
 
         ns = {"__init__": __init__, "__module__": original.__module__,
               "__qualname__": original.__qualname__, "__doc__": original.__doc__,
@@ -86,9 +91,11 @@ class _Binding:
         @functools.wraps(parent_method)
         def dispatch(inst: Any, *args: Any, **kwargs: Any) -> Any:
             call: Callable[..., Any] = getattr(super(cls, inst), method)
-            for w in reversed(list(binding.methods.get(method, {}).values())):
+            chain = binding.methods.get(method, {})
+            for w in reversed(list(chain.values())):
                 call = _unpack(functools.partial(w, call, inst))
-            return call(*args, **kwargs)
+            with through(list(chain), f"wrapped {binding.name}.{method}"):
+                return call(*args, **kwargs)
 
         if method not in cls.__dict__:
             setattr(cls, method, dispatch)

@@ -378,7 +378,7 @@ def training_targets_check(model_dir: str, data_dir: str, vocab_dir: str, total_
     with torch.no_grad():
         model(**batch, ttt_steps=1, use_off_policy_tokens=False, ttt_step_loss_decay=1.0)
     name = "model.norm.weight"
-    stored = find_prefixed([name], checkpoint_names(model_dir)).get(name, name)
+    stored = find_prefixed([name], checkpoint_names(model_dir, "verifier-weights-wrapper-prefix")).get(name, name)
     from safetensors import safe_open
 
     weight = None

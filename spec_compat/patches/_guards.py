@@ -37,6 +37,15 @@ def lacks_params(obj: Any, where: str, *names: str) -> None:
         raise TargetChanged(f"{where} still takes {', '.join(present)}: the shim would change behaviour")
 
 
+def exact_params(obj: Any, where: str, *names: str) -> None:
+    """``obj`` takes exactly the parameters ``names``, in this order (none: a zero-argument
+    callable): for a replacement with the same fixed signature, any drift is a change."""
+    got = list(params(obj, where))
+    if got != list(names):
+        want = ", ".join(names) or "no parameters"
+        raise TargetChanged(f"{where} takes ({', '.join(got)}), expected ({want})")
+
+
 def has_attrs(obj: Any, where: str, *names: str) -> None:
     missing = [n for n in names if not hasattr(obj, n)]
     if missing:

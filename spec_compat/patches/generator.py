@@ -90,7 +90,7 @@ class KvCacheMemoryFromPlatform(Patch):
     def install(self, module: ModuleType, changes: Changes) -> None:
         from ..shims.memory import TorchView
 
-        changes.setattr(module, "torch", TorchView(module.torch))
+        changes.setattr(module, "torch", TorchView(module.torch, self.id))
 
 
 @register
@@ -439,6 +439,102 @@ def _generator_source(module: ModuleType) -> str:
     return g.source(g.attr(module, "VllmHiddenStatesGenerator"), "VllmHiddenStatesGenerator")
 
 
+def _tokenizer_path_is_trusted(class_source: str) -> str:
+    """The parameter of the generator's ``__init__`` that its one bare
+    ``AutoTokenizer.from_pretrained(p)`` loads, after checking on the syntax tree that the very
+    same ``p`` (never re-assigned in ``__init__``) is loaded by ``AutoConfig.from_pretrained(p,
+    trust_remote_code=True)`` there and handed as ``model=`` (and ``tokenizer=``, if given) to a
+    ``ModelConfig(..., trust_remote_code=True)`` - in ``__init__`` itself or in a method that
+    ``__init__`` calls only with ``p`` for that parameter (and that does not re-assign it).
+    Anything else raises TargetChanged."""
+    import ast
+    import textwrap
+
+    def changed(why: str) -> str:
+        return f"the generator no longer loads the tokenizer bare from the path it trusts for AutoConfig and " \
+               f"ModelConfig: {why}"
+
+    try:
+        tree = ast.parse(textwrap.dedent(class_source))
+    except SyntaxError as exc:
+        raise TargetChanged(changed(f"its source does not parse ({exc})")) from None
+    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef)), None)
+    methods = {n.name: n for n in (cls.body if cls else []) if isinstance(n, ast.FunctionDef)}
+    init = methods.get("__init__")
+    if init is None:
+        raise TargetChanged(changed("no __init__"))
+
+    def calls(fn: ast.AST, dotted: str) -> list[ast.Call]:
+        return [c for c in ast.walk(fn) if isinstance(c, ast.Call) and ast.unparse(c.func) == dotted]
+
+    def trusts(call: ast.Call) -> bool:
+        return any(k.arg == "trust_remote_code" and isinstance(k.value, ast.Constant) and k.value.value is True
+                   for k in call.keywords)
+
+    def name_of(node: ast.AST | None) -> str | None:
+        return node.id if isinstance(node, ast.Name) else None
+
+    def param_names(fn: ast.FunctionDef) -> list[str]:
+        return [a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)]
+
+    def rebound(fn: ast.FunctionDef, name: str) -> bool:
+        """``name`` is assigned, deleted or declared global/nonlocal anywhere in ``fn``."""
+        for n in ast.walk(fn):
+            if isinstance(n, ast.Name) and n.id == name and not isinstance(n.ctx, ast.Load):
+                return True
+            if isinstance(n, (ast.Global, ast.Nonlocal)) and name in n.names:
+                return True
+        return False
+
+    toks = calls(init, "AutoTokenizer.from_pretrained")
+    if len(toks) != 1:
+        raise TargetChanged(changed(f"__init__ calls AutoTokenizer.from_pretrained {len(toks)} times, "
+                                    "expected once"))
+    (tok,) = toks
+    if any(k.arg in ("trust_remote_code", None) for k in tok.keywords) or any(
+            isinstance(a, ast.Starred) for a in tok.args):
+        raise TargetChanged(changed("the tokenizer call passes trust_remote_code (or **kwargs) itself"))
+    path = name_of(tok.args[0]) if tok.args else None
+    if path is None or path not in param_names(init) or path == "self":
+        shown = ast.unparse(tok.args[0]) if tok.args else "(none)"
+        raise TargetChanged(changed(f"the tokenizer path {shown} is not a parameter of __init__"))
+    if rebound(init, path):
+        raise TargetChanged(changed(f"{path} is re-assigned in __init__"))
+    if not any(trusts(c) and c.args and name_of(c.args[0]) == path
+               for c in calls(init, "AutoConfig.from_pretrained")):
+        raise TargetChanged(changed(f"no AutoConfig.from_pretrained({path}, trust_remote_code=True) "
+                                    "in __init__"))
+
+    def hands_path(call: ast.Call, given: str) -> bool:
+        """``ModelConfig(model=given, [tokenizer=given,] trust_remote_code=True)``."""
+        kw = {k.arg: k.value for k in call.keywords}
+        return (trusts(call) and name_of(kw.get("model")) == given
+                and ("tokenizer" not in kw or name_of(kw["tokenizer"]) == given))
+
+    def binds(c: ast.Call, fn: ast.FunctionDef, given: str) -> bool:
+        """The call ``self.fn(...)`` passes ``path`` itself for ``fn``'s parameter ``given``."""
+        if any(isinstance(a, ast.Starred) for a in c.args) or any(k.arg is None for k in c.keywords):
+            return False
+        positional = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)][1:]  # after self
+        bound = dict(zip(positional, c.args))
+        bound.update({k.arg: k.value for k in c.keywords})
+        return name_of(bound.get(given)) == path
+
+    for call in calls(init, "ModelConfig"):
+        if hands_path(call, path):
+            return path
+    for name, fn in methods.items():
+        handed = calls(init, f"self.{name}")
+        if name == "__init__" or not handed:
+            continue
+        for call in calls(fn, "ModelConfig"):
+            given = name_of({k.arg: k.value for k in call.keywords}.get("model"))
+            if (given in param_names(fn)[1:] and not rebound(fn, given) and hands_path(call, given)
+                    and all(binds(c, fn, given) for c in handed)):
+                return path
+    raise TargetChanged(changed(f"no ModelConfig(model={path}, trust_remote_code=True) of the same path"))
+
+
 @register
 class TokenizerTrustRemoteCode(Patch):
     """speculators (generator:84) loads the tokenizer without ``trust_remote_code``
@@ -454,15 +550,7 @@ class TokenizerTrustRemoteCode(Patch):
     requires = {"speculators": ">=0.3,<0.5"}
 
     def check(self, module: ModuleType) -> None:
-        src = " ".join(_generator_source(module).split())
-        needed = ("AutoConfig.from_pretrained(model_path, trust_remote_code=True)",
-                  "AutoTokenizer.from_pretrained(model_path)")
-        missing = [s for s in needed if s not in src]
-        if missing or src.count("trust_remote_code=True") < 2:
-            raise TargetChanged(
-                "the generator no longer loads the tokenizer bare next to a trusted AutoConfig/ModelConfig "
-                f"of the same path ({'; '.join(missing) or 'ModelConfig trust_remote_code missing'})"
-            )
+        _tokenizer_path_is_trusted(_generator_source(module))
         g.has_attrs(g.attr(module, "AutoTokenizer"), "AutoTokenizer", "from_pretrained")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
@@ -505,8 +593,11 @@ class MemGetInfoFromPlatform(Patch):
     requires = {"speculators": SPEC_04}
 
     def check(self, module: ModuleType) -> None:
-        if not callable(g.attr(module, "mem_get_info")):
+        fn = g.attr(module, "mem_get_info")
+        if not callable(fn):
             raise TargetChanged(f"{GEN}.mem_get_info is not callable")
+        # the replacement takes no arguments, as upstream's does: any other signature is drift
+        g.exact_params(fn, f"{GEN}.mem_get_info")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
         from ..shims.memory import platform_mem_get_info
@@ -519,7 +610,7 @@ class MemGetInfoFromPlatform(Patch):
             acc = torch.accelerator.current_accelerator()
             # a CUDA build of torch on a machine without a GPU still names "cuda"
             if acc is None or (acc.type == "cuda" and not torch.cuda.is_available()):
-                return platform_mem_get_info()
+                return platform_mem_get_info(MemGetInfoFromPlatform.id)
             return original()
 
         changes.setattr(module, "mem_get_info", mem_get_info)

@@ -9,6 +9,7 @@ import logging
 from types import ModuleType
 from typing import Any
 
+from .._naming import through
 from ..registry import Changes, Patch, TargetChanged, register
 from ..shims.device import accelerator_available
 from . import _guards as g
@@ -51,12 +52,13 @@ class SlowTokenizerOffsets(Patch):
             pos = names.index("tokenizer")
             tok = kwargs["tokenizer"] if "tokenizer" in kwargs else args[pos] if len(args) > pos else None
             if tok is not None and getattr(tok, "is_fast", True) is False:
-                wrapped = OffsetsTokenizer(tok)
+                wrapped = OffsetsTokenizer(tok, SlowTokenizerOffsets.id)
                 if "tokenizer" in kwargs:
                     kwargs["tokenizer"] = wrapped
                 else:
                     args = args[:pos] + (wrapped,) + args[pos + 1:]
-            return inner(*args, **kwargs)
+            with through(SlowTokenizerOffsets.id, "speculators' _preprocess_batch"):
+                return inner(*args, **kwargs)
 
         changes.setattr(module, "_preprocess_batch", _preprocess_batch)
 

@@ -87,7 +87,8 @@ class CpuRunnerSpeculativeConfig(Patch):
             with module._torch_cuda_wrapper():
                 base.__init__(self, vllm_config, device)
             if device != torch.device("cpu"):
-                raise ValueError(f"CPUModelRunner needs device cpu, got {device}")
+                raise ValueError(f"spec_compat[{CpuRunnerSpeculativeConfig.id}]: CPUModelRunner needs device cpu, "
+                                 f"got {device}")
             self.use_cuda_graph = False
             self.cascade_attn_enabled = False
             self._postprocess_tensors()
@@ -346,10 +347,10 @@ def _eagle3_methods(patch_id: str, find_stack: Any) -> dict[str, Any]:
         old = self.__dict__.pop("_spec_compat_aux", None)
         if old is not None:
             old.remove()
-        self.__dict__["_spec_compat_aux"] = AuxStateCollector(find_stack(self), layers, patch_id)
+        self.__dict__["_spec_compat_aux"] = AuxStateCollector(find_stack(self, patch_id), layers, patch_id)
 
     def get_eagle3_aux_hidden_state_layers(self: Any) -> tuple[int, ...]:
-        return default_aux_layers(len(find_stack(self).layers))
+        return default_aux_layers(len(find_stack(self, patch_id).layers), patch_id)
 
     # every member of vLLM's runtime-checkable SupportsEagle3 protocol (SupportsEagleBase's flags too:
     # isinstance() looks for each of them)

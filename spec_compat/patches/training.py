@@ -18,6 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from .._naming import through
 from ..registry import Changes, Patch, TargetChanged, register
 from ..shims.device import accelerator_available
 from . import _guards as g
@@ -155,12 +156,14 @@ class VerifierWeightsWrapperPrefix(Patch):
 
         @functools.wraps(inner)
         def load_model_layers(layer_names: list[str], model_path: str) -> dict[str, Any]:
-            renamed = find_prefixed(layer_names, checkpoint_names(model_path))
+            pid = VerifierWeightsWrapperPrefix.id
+            renamed = find_prefixed(layer_names, checkpoint_names(model_path, pid))
             if not renamed:
-                return inner(layer_names, model_path)
-            log.info("spec_compat: %s: %s", VerifierWeightsWrapperPrefix.id,
-                     ", ".join(f"{k} <- {v}" for k, v in renamed.items()))
-            got = inner([renamed.get(n, n) for n in layer_names], model_path)
+                with through(pid, f"{CORE}.load_model_layers"):
+                    return inner(layer_names, model_path)
+            log.info("spec_compat: %s: %s", pid, ", ".join(f"{k} <- {v}" for k, v in renamed.items()))
+            with through(pid, f"{CORE}.load_model_layers with wrapper-prefixed names"):
+                got = inner([renamed.get(n, n) for n in layer_names], model_path)
             back = {v: k for k, v in renamed.items()}
             return {back.get(k, k): v for k, v in got.items()}
 
@@ -214,7 +217,8 @@ class TrainDeviceWithoutCuda(Patch):
     requires = {"speculators": SPEC_TRAIN}
 
     def check(self, module: ModuleType) -> None:
-        g.attr(module, "maybe_setup_distributed")
+        # the replacement takes no arguments, as upstream's does: any other signature is drift
+        g.exact_params(g.attr(module, "maybe_setup_distributed"), f"{UTILS}.maybe_setup_distributed")
         for name in ("is_distributed", "local_rank", "world_size"):
             if name not in module.__dict__:
                 raise TargetChanged(f"{UTILS} has no module-level {name}")
@@ -301,7 +305,8 @@ class CheckpointLoadWithoutCuda(Patch):
         def load_safetensors_state_dict(path: Any, device: str) -> Any:
             if str(device).startswith("cuda") and not torch.cuda.is_available():
                 device = "cpu"
-            return inner(path, device)
+            with through(CheckpointLoadWithoutCuda.id, f"{CHECKPOINTER}.load_safetensors_state_dict"):
+                return inner(path, device)
 
         changes.setattr(module, "load_safetensors_state_dict", load_safetensors_state_dict)
         changes.setattr(module, "torch", _TorchLoadView(torch))
@@ -567,7 +572,7 @@ class DraftNamesItsAuxLayers(Patch):
                                 "the draft config names no aux layers and vLLM will use its defaults",
                                 DraftNamesItsAuxLayers.id)
                 else:
-                    ids = aux_layer_ids_for_vllm(captured)
+                    ids = aux_layer_ids_for_vllm(captured, DraftNamesItsAuxLayers.id)
                     config.eagle_aux_hidden_state_layer_ids = ids
                     log.info("spec_compat: %s: captured layer outputs %s -> eagle_aux_hidden_state_layer_ids %s",
                              DraftNamesItsAuxLayers.id, captured[:-1], ids)

@@ -75,7 +75,7 @@ class DecoderStackLocator(Patch):
         def _setup_hidden_states_capture(self: Any, layer_ids: list[int]) -> None:
             self._layer_ids = frozenset(layer_ids)
             self._captured_states = None
-            stack = find_decoder_stack(self.model_runner.model)
+            stack = find_decoder_stack(self.model_runner.model, DecoderStackLocator.id)
             stack._extension = self
             # the module global is looked up now: a patched _patched_forward is used
             stack.forward = types.MethodType(module._patched_forward, stack)

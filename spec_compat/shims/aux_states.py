@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def default_aux_layers(num_layers: int) -> tuple[int, ...]:
+def default_aux_layers(num_layers: int, patch_id: str) -> tuple[int, ...]:
     """vLLM's default ``(2, n // 2, n - 3)`` where it gives three distinct ids
     (``n >= 7``); below that, three distinct ids spread over ``1 .. n-1``.
     Layer 0 is never a default (vLLM's own decoder loops fail on it)."""
@@ -30,7 +30,8 @@ def default_aux_layers(num_layers: int) -> tuple[int, ...]:
         return (2, num_layers // 2, num_layers - 3)
     if num_layers >= 4:
         return (1, num_layers // 2, num_layers - 1)
-    raise ValueError(f"EAGLE-3 needs three distinct aux layers; the target has only {num_layers} decoder layers")
+    raise ValueError(f"spec_compat[{patch_id}]: EAGLE-3 needs three distinct aux layers; the target has only "
+                     f"{num_layers} decoder layers")
 
 
 class AuxStateCollector:

@@ -22,7 +22,9 @@ class DecoderStackNotFound(AttributeError):
     pass
 
 
-def find_decoder_stack(model: Any) -> Any:
+def find_decoder_stack(model: Any, patch_id: str) -> Any:
+    """The module holding ``.layers`` under ``model``; ``patch_id`` (the patch that asks) is
+    named in the error when there is none."""
     lm = model.get_language_model() if callable(getattr(model, "get_language_model", None)) else model
     inner = getattr(lm, "model", None)
     if inner is not None and hasattr(inner, "layers"):
@@ -30,7 +32,7 @@ def find_decoder_stack(model: Any) -> Any:
     if hasattr(lm, "layers"):
         return lm
     raise DecoderStackNotFound(
-        f"spec_compat[decoder-stack-locator]: no decoder stack (a module with .layers) under "
+        f"spec_compat[{patch_id}]: no decoder stack (a module with .layers) under "
         f"{type(model).__name__} -> {type(lm).__name__}"
     )
 

@@ -16,8 +16,9 @@ from typing import Any
 log = logging.getLogger("spec_compat")
 
 
-def platform_mem_get_info() -> tuple[int, int]:
-    """(free, total) bytes that the running platform offers for the KV cache."""
+def platform_mem_get_info(patch_id: str) -> tuple[int, int]:
+    """(free, total) bytes that the running platform offers for the KV cache (``patch_id``: the
+    patch that asks, named in the log and the error)."""
     import torch
 
     if torch.cuda.is_available():
@@ -26,13 +27,14 @@ def platform_mem_get_info() -> tuple[int, int]:
 
     if current_platform.is_cpu():
         budget = int(current_platform.get_device_total_memory())
-        log.info("spec_compat: no CUDA; KV cache budget from the CPU platform: %.2f GiB", budget / 2**30)
+        log.info("spec_compat[%s]: no CUDA; KV cache budget from the CPU platform: %.2f GiB", patch_id,
+                 budget / 2**30)
         return budget, budget
     device = getattr(torch, str(current_platform.device_type), None)
     info = getattr(device, "mem_get_info", None)
     if info is None:
         raise RuntimeError(
-            f"spec_compat: cannot size the KV cache on platform {current_platform.device_type!r}: "
+            f"spec_compat[{patch_id}]: cannot size the KV cache on platform {current_platform.device_type!r}: "
             "CUDA is not available and the platform exposes no mem_get_info"
         )
     return info()
@@ -41,13 +43,14 @@ def platform_mem_get_info() -> tuple[int, int]:
 class _CudaView:
     """``torch.cuda`` with ``mem_get_info`` answered by :func:`platform_mem_get_info`."""
 
-    def __init__(self, cuda: ModuleType) -> None:
+    def __init__(self, cuda: ModuleType, patch_id: str) -> None:
         self._cuda = cuda
+        self._patch_id = patch_id
 
     def mem_get_info(self, *args: Any) -> tuple[int, int]:
         if args or self._cuda.is_available():
             return self._cuda.mem_get_info(*args)
-        return platform_mem_get_info()
+        return platform_mem_get_info(self._patch_id)
 
     def empty_cache(self) -> None:
         if self._cuda.is_available():
@@ -60,9 +63,9 @@ class _CudaView:
 class TorchView:
     """Stands in for the ``torch`` module inside one consumer module."""
 
-    def __init__(self, torch: ModuleType) -> None:
+    def __init__(self, torch: ModuleType, patch_id: str) -> None:
         self._torch = torch
-        self.cuda = _CudaView(torch.cuda)
+        self.cuda = _CudaView(torch.cuda, patch_id)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._torch, name)

@@ -22,8 +22,10 @@ class OffsetsMismatch(ValueError):
     pass
 
 
-def offsets_by_decoding(text: str, ids: Sequence[int], decode: Callable[[list[int]], str]) -> list[tuple[int, int]]:
-    """(start, end) character span of each token of ``ids`` in ``text`` (ids tokenize a prefix of text)."""
+def offsets_by_decoding(text: str, ids: Sequence[int], decode: Callable[[list[int]], str],
+                        patch_id: str) -> list[tuple[int, int]]:
+    """(start, end) character span of each token of ``ids`` in ``text`` (ids tokenize a prefix of text);
+    a mismatch raises :class:`OffsetsMismatch` naming ``patch_id``."""
     offsets: list[tuple[int, int]] = []
     pos = 0
     for i, tok in enumerate(ids):
@@ -36,7 +38,8 @@ def offsets_by_decoding(text: str, ids: Sequence[int], decode: Callable[[list[in
         prefix = decode([int(t) for t in ids[: i + 1]])
         end = len(prefix.rstrip("\ufffd"))
         if not text.startswith(prefix.rstrip("\ufffd"), 0):
-            raise OffsetsMismatch(f"token {i} (id {tok}) does not decode to the text at character {pos}")
+            raise OffsetsMismatch(f"spec_compat[{patch_id}]: token {i} (id {tok}) does not decode to the text "
+                                  f"at character {pos}")
         offsets.append((pos, max(pos, end)))
         pos = max(pos, end)
     return offsets
@@ -46,8 +49,9 @@ class OffsetsTokenizer:
     """A tokenizer that answers ``return_offsets_mapping=True`` by decoding; everything else
     goes to the wrapped tokenizer unchanged."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, patch_id: str) -> None:
         self._tokenizer = tokenizer
+        self._patch_id = patch_id
 
     def __call__(self, text: Any, *args: Any, return_offsets_mapping: bool = False, **kwargs: Any) -> Any:
         if not return_offsets_mapping or not isinstance(text, str):
@@ -56,7 +60,7 @@ class OffsetsTokenizer:
             return self._tokenizer(text, *args, **kwargs)
         enc = self._tokenizer(text, *args, **kwargs)
         ids = enc["input_ids"]
-        enc["offset_mapping"] = offsets_by_decoding(text, ids, self._tokenizer.decode)
+        enc["offset_mapping"] = offsets_by_decoding(text, ids, self._tokenizer.decode, self._patch_id)
         return enc
 
     def __getattr__(self, name: str) -> Any:

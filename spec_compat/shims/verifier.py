@@ -55,12 +55,21 @@ def text_config(config: Any) -> Any:
     return out
 
 
-def checkpoint_names(model_path: str | Path) -> list[str]:
-    """Tensor names of a local safetensors checkpoint (index file or single file)."""
+def checkpoint_names(model_path: str | Path, patch_id: str) -> list[str]:
+    """Tensor names of a local safetensors checkpoint (index file or single file); an index that
+    is not JSON with a ``weight_map`` object raises ValueError naming ``patch_id``."""
     root = Path(model_path)
     index = root / "model.safetensors.index.json"
     if index.is_file():
-        return list(json.loads(index.read_text())["weight_map"])
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError, TypeError) as exc:  # not JSON, no weight_map, not an object
+            raise ValueError(f"spec_compat[{patch_id}]: cannot read the checkpoint index {index}: "
+                             f"{type(exc).__name__}: {exc}") from exc
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"spec_compat[{patch_id}]: the weight_map of the checkpoint index {index} is a "
+                             f"{type(weight_map).__name__}, not an object")
+        return list(weight_map)
     single = root / "model.safetensors"
     if single.is_file():
         from safetensors import safe_open
@@ -115,14 +124,14 @@ def captured_layer_ids(data_config: dict[str, Any]) -> list[int] | None:
     return None
 
 
-def aux_layer_ids_for_vllm(captured: list[int]) -> list[int]:
+def aux_layer_ids_for_vllm(captured: list[int], patch_id: str) -> list[int]:
     """speculators (0.3.0, 0.4.x) saves the OUTPUT of each listed layer; the last listed
     layer is the training target, the others are the draft's input features.  vLLM's
     EAGLE-3 path collects, for aux id ``i``, the hidden state entering layer ``i``
     (``hidden_states + residual`` before layer ``i`` runs) - the output of layer ``i - 1``.
     So the draft must name ``l + 1`` for each captured feature layer ``l``."""
     if len(captured) < 2:
-        raise ValueError(f"need feature layers and a target layer, got {captured}")
+        raise ValueError(f"spec_compat[{patch_id}]: need feature layers and a target layer, got {captured}")
     return [i + 1 for i in captured[:-1]]
 
 

@@ -6,8 +6,9 @@
   registered patch.
 * Named sites: each one reached with fakes, the message carries the id.
 * Failures of the wrapped original (upstream raising through a shim), on copies of the
-  real target modules: the exception passes through unchanged and the shim's frame is in
-  the traceback, but the message does not name the patch (strict xfail: the gap, visible).
+  real target modules: the exception keeps its type, message and traceback (the shim's frame
+  is in it) and carries a note ``raised through spec_compat[<id>] (...)``
+  (``BaseException.add_note``), shown under the traceback.
 """
 
 from __future__ import annotations
@@ -31,17 +32,12 @@ PKG = Path(spec_compat.__file__).resolve().parent
 NAMED = re.compile(r"spec_compat\[([^\]]+)\]")
 GUARD_OUTCOMES = {"TargetChanged", "NotNeeded"}
 
-#: raise sites whose message names no patch id (file: function), as found - with why
+#: raise sites whose message names no patch id (file: function) - each with why that is right
 UNNAMED = {
-    "shims/attn_mask.py:prepare_4d_causal_attention_mask": "stand-in for a removed transformers function: "
-                                                          "keeps transformers' own error messages",
-    "shims/aux_states.py:default_aux_layers": "eagle3-* patches: a target with < 4 decoder layers",
-    "shims/memory.py:platform_mem_get_info": "kv-cache-memory-from-platform / mem-get-info-from-platform: "
-                                             "'spec_compat: cannot size the KV cache' (no id)",
-    "shims/offsets.py:offsets_by_decoding": "slow-tokenizer-offsets: OffsetsMismatch (no id)",
-    "shims/verifier.py:aux_layer_ids_for_vllm": "draft-names-its-aux-layers: a data_config with one layer",
-    "patches/serving.py:CpuRunnerSpeculativeConfig.install.__init__": "cpu-runner-speculative-config: "
-                                                                      "'CPUModelRunner needs device cpu'",
+    "shims/attn_mask.py:prepare_4d_causal_attention_mask":
+        "stand-in for transformers' removed _prepare_4d_causal_attention_mask (patch attn-mask-utils-module): "
+        "transformers' signature, so no patch id can be passed in, and ValueErrors worded as transformers' own "
+        "for callers written against that function",
 }
 
 
@@ -157,7 +153,7 @@ def test_decoder_stack_locator_no_stack():
     from spec_compat.shims.decoder import find_decoder_stack
 
     with pytest.raises(AttributeError) as exc:
-        find_decoder_stack(types.SimpleNamespace())
+        find_decoder_stack(types.SimpleNamespace(), "decoder-stack-locator")
     _named(exc.value, "decoder-stack-locator")
 
 
@@ -171,16 +167,54 @@ def test_aux_state_collector_names_its_patch(pid):
     _named(exc.value, pid)
 
 
-@pytest.mark.xfail(strict=True, reason="shims/decoder.py find_decoder_stack always names decoder-stack-locator, "
-                                       "also when an eagle3-* patch calls it")
-def test_eagle3_patch_missing_stack_names_itself():
+@pytest.mark.parametrize("pid", ["eagle3-deepseek-aux-states", "eagle3-kimi-k25-aux-states"])
+def test_eagle3_patch_missing_stack_names_itself(pid):
+    """find_decoder_stack names the patch that calls it (not always decoder-stack-locator)."""
     from spec_compat.patches.serving import _eagle3_methods
     from spec_compat.shims.decoder import find_decoder_stack
 
-    methods = _eagle3_methods("eagle3-deepseek-aux-states", find_decoder_stack)
-    with pytest.raises(Exception) as exc:
-        methods["set_aux_hidden_state_layers"](types.SimpleNamespace(), (1, 2, 3))
-    _named(exc.value, "eagle3-deepseek-aux-states")
+    methods = _eagle3_methods(pid, find_decoder_stack)
+    for call in (lambda: methods["set_aux_hidden_state_layers"](types.SimpleNamespace(), (1, 2, 3)),
+                 lambda: methods["get_eagle3_aux_hidden_state_layers"](types.SimpleNamespace())):
+        with pytest.raises(AttributeError) as exc:
+            call()
+        _named(exc.value, pid)
+        assert "decoder-stack-locator" not in str(exc.value)
+
+
+@pytest.mark.parametrize("pid", ["eagle3-deepseek-aux-states", "eagle3-kimi-k25-aux-states"])
+def test_eagle3_default_aux_layers_of_a_shallow_target_names_the_patch(pid):
+    from spec_compat.patches.serving import _eagle3_methods
+
+    stack = types.SimpleNamespace(layers=[torch.nn.Identity()] * 3)
+    methods = _eagle3_methods(pid, lambda model, patch_id: stack)
+    with pytest.raises(ValueError) as exc:
+        methods["get_eagle3_aux_hidden_state_layers"](types.SimpleNamespace())
+    _named(exc.value, pid)
+
+
+def test_aux_layer_ids_for_a_single_captured_layer_name_the_patch():
+    from spec_compat.shims.verifier import aux_layer_ids_for_vllm
+
+    assert aux_layer_ids_for_vllm([2, 5, 7], "draft-names-its-aux-layers") == [3, 6]
+    with pytest.raises(ValueError) as exc:
+        aux_layer_ids_for_vllm([7], "draft-names-its-aux-layers")
+    _named(exc.value, "draft-names-its-aux-layers")
+
+
+@pytest.mark.parametrize("pid", ["kv-cache-memory-from-platform", "mem-get-info-from-platform"])
+def test_kv_budget_on_a_platform_without_mem_get_info_names_the_patch(pid, monkeypatch):
+    """No CUDA, a platform that is not the CPU one and whose torch device module has no
+    mem_get_info: the KV cache cannot be sized; the error names the patch that asked."""
+    from spec_compat.shims.memory import TorchView, platform_mem_get_info
+
+    platform = types.SimpleNamespace(is_cpu=lambda: False, device_type="sc_no_such_device")
+    monkeypatch.setitem(sys.modules, "vllm.platforms", types.SimpleNamespace(current_platform=platform))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for call in (lambda: platform_mem_get_info(pid), lambda: TorchView(torch, pid).cuda.mem_get_info()):
+        with pytest.raises(RuntimeError) as exc:
+            call()
+        _named(exc.value, pid)
 
 
 # -- upstream raising through a shim ------------------------------------------
@@ -249,23 +283,67 @@ def _through(pid, real_targets, monkeypatch):
 
 
 @pytest.mark.parametrize("pid", list(THROUGH))
-def test_upstream_failure_passes_through_a_shim_unchanged(pid, real_targets, monkeypatch):
+def test_upstream_failure_through_a_shim_names_the_patch_in_a_note(pid, real_targets, monkeypatch):
+    """Upstream's exception keeps its type, message and traceback (callers that catch it or read
+    str() see what upstream raised); one note names the patch it went through."""
     exc = _through(pid, real_targets, monkeypatch)
     assert str(exc.value) == "failure deep inside upstream" and type(exc.value) is UpstreamBoom
     frames = [f.filename for f in traceback.extract_tb(exc.tb)]
     assert any(Path(f).resolve().is_relative_to(PKG) for f in frames), frames
+    notes = [n for n in getattr(exc.value, "__notes__", []) if f"spec_compat[{pid}]" in n]
+    assert len(notes) == 1 and notes[0].startswith(f"raised through spec_compat[{pid}]"), exc.value.__notes__
+    assert notes[0] in "".join(traceback.format_exception(exc.value))
 
 
-@pytest.mark.xfail(strict=True, reason="shims pass upstream exceptions through unchanged: the message does not "
-                                       "name the patch (its frame is in the traceback)")
-@pytest.mark.parametrize("pid", list(THROUGH))
-def test_upstream_failure_through_a_shim_names_the_patch(pid, real_targets, monkeypatch):
-    exc = _through(pid, real_targets, monkeypatch)
-    text = "".join(traceback.format_exception_only(exc.value)) + "".join(getattr(exc.value, "__notes__", []))
-    assert f"spec_compat[{pid}]" in text
+def test_binding_adapters_note_the_patches_an_upstream_failure_went_through():
+    """bindings.adapt_call (factory and subclass) and wrap_method: upstream raising inside the
+    adapted call keeps its type and message and gets one note naming every patch on the binding;
+    an error that already names a patch gets no second mention of it."""
+    from spec_compat import bindings
+    from spec_compat.registry import Changes
+
+    class Upstream:
+        def __init__(self, **kwargs):
+            if kwargs.get("boom"):
+                raise UpstreamBoom("init failed")
+
+        def step(self):
+            raise UpstreamBoom("step failed")
+
+    def factory(**kwargs):
+        raise UpstreamBoom("factory failed")
+
+    mod = types.ModuleType(unique("bind"))
+    mod.make, mod.Upstream = factory, Upstream
+    changes = [Changes(pid) for pid in ("faults-a", "faults-b", "faults-c")]
+    try:
+        bindings.adapt_call(changes[0], mod, "make", lambda kw: kw)
+        bindings.adapt_call(changes[1], mod, "make", lambda kw: kw)
+        bindings.adapt_call(changes[0], mod, "Upstream", lambda kw: kw, kind="subclass")
+        bindings.wrap_method(changes[2], mod, "Upstream", "step", lambda wrapped, inst, a, kw: wrapped(*a, **kw))
+        cases = [(lambda: mod.make(), "factory failed", ["faults-a", "faults-b"]),
+                 (lambda: mod.Upstream(boom=True), "init failed", ["faults-a"]),
+                 (lambda: mod.Upstream().step(), "step failed", ["faults-c"])]
+        for call, message, ids in cases:
+            with pytest.raises(UpstreamBoom) as exc:
+                call()
+            assert str(exc.value) == message
+            (note,) = exc.value.__notes__
+            assert note.startswith("raised through " + ", ".join(f"spec_compat[{i}]" for i in ids) + " ("), note
+
+        def wrapper(wrapped, inst, a, kw):
+            raise RuntimeError("spec_compat[faults-c]: the wrapper's own error")
+
+        bindings.wrap_method(changes[2], mod, "Upstream", "step", wrapper)
+        with pytest.raises(RuntimeError) as exc:
+            mod.Upstream().step()
+        assert not getattr(exc.value, "__notes__", None)
+    finally:
+        for c in reversed(changes):
+            c.undo()
+    assert mod.make is factory and mod.Upstream is Upstream
 
 
-@pytest.mark.xfail(strict=True, reason="shims/offsets.py OffsetsMismatch does not name slow-tokenizer-offsets")
 def test_offsets_mismatch_names_the_patch():
     from spec_compat.shims.offsets import OffsetsTokenizer
 
@@ -279,17 +357,19 @@ def test_offsets_mismatch_names_the_patch():
             return "zz"
 
     with pytest.raises(ValueError) as exc:
-        OffsetsTokenizer(Slow())("hello", return_offsets_mapping=True)
+        OffsetsTokenizer(Slow(), "slow-tokenizer-offsets")("hello", return_offsets_mapping=True)
     _named(exc.value, "slow-tokenizer-offsets")
 
 
-@pytest.mark.xfail(strict=True, reason="shims/verifier.py checkpoint_names: a corrupt index raises "
-                                       "JSONDecodeError inside the shim, without the patch id")
-def test_corrupt_checkpoint_index_names_the_patch(tmp_path):
+@pytest.mark.parametrize("index", ["{not json", '{"metadata": {}}', '{"weight_map": ["a"]}', "[1]"],
+                         ids=["not-json", "no-weight-map", "weight-map-list", "not-an-object"])
+def test_corrupt_checkpoint_index_names_the_patch(index, tmp_path):
     from spec_compat.shims.verifier import checkpoint_names
 
-    (tmp_path / "model.safetensors.index.json").write_text("{not json")
+    (tmp_path / "model.safetensors.index.json").write_text(index)
     with pytest.raises(ValueError) as exc:
-        checkpoint_names(tmp_path)
+        checkpoint_names(tmp_path, "verifier-weights-wrapper-prefix")
     _named(exc.value, "verifier-weights-wrapper-prefix")
+    (tmp_path / "model.safetensors.index.json").write_text('{"weight_map": {"a": "x.safetensors"}}')
+    assert checkpoint_names(tmp_path, "verifier-weights-wrapper-prefix") == ["a"]
 

@@ -129,7 +129,41 @@ GENERATORS = {
         self.mc = ModelConfig(model=model_path, trust_remote_code=True)
         model_path = draft_path
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)""",
+    "rebound-by-walrus": """
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=True)
+        self.mc = ModelConfig(model=model_path, trust_remote_code=True)
+        if (model_path := draft_path) is not None:
+            self.tokenizer = AutoTokenizer.from_pretrained(model_path)""",
+    "tokenizer-kwargs": """
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path, **self.kw)
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=True)
+        self.mc = ModelConfig(model=model_path, tokenizer=model_path, trust_remote_code=True)""",
+    # speculators' own layout: ModelConfig is built in a method that __init__ hands the path to
+    "model-config-in-method": """
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=True)
+        self.mc = self._config(model_path=model_path)
+
+    def _config(self, model_path):
+        return ModelConfig(model=model_path, tokenizer=model_path, trust_remote_code=True)""",
+    "model-config-in-method-other-path": """
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=True)
+        self.mc = self._config(draft_path)
+
+    def _config(self, model_path):
+        return ModelConfig(model=model_path, tokenizer=model_path, trust_remote_code=True)""",
+    "model-config-method-rebinds": """
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=True)
+        self.mc = self._config(model_path)
+
+    def _config(self, model_path):
+        model_path = model_path + "-other"
+        return ModelConfig(model=model_path, tokenizer=model_path, trust_remote_code=True)""",
 }
+#: the variants where speculators trusts the tokenizer's own path already (the patch applies)
+TRUSTED_SAME_PATH = {"stock", "model-config-in-method"}
 
 
 def _apply_on(pid: str, module: types.ModuleType) -> Registry:
@@ -154,20 +188,15 @@ def _module_from_source(tmp_path, monkeypatch, source: str) -> types.ModuleType:
     return mod
 
 
-@pytest.mark.parametrize("variant", [
-    *[v for v in GENERATORS if v != "rebound-path"],
-    pytest.param("rebound-path", marks=pytest.mark.xfail(
-        strict=True, reason="patches/generator.py TokenizerTrustRemoteCode.check compares source text: a "
-                            "model_path rebound to another path before the tokenizer call is not noticed")),
-])
+@pytest.mark.parametrize("variant", list(GENERATORS))
 def test_tokenizer_trusted_only_where_speculators_trusts_the_same_path(variant, tmp_path, monkeypatch):
-    body = textwrap.indent(textwrap.dedent(GENERATORS[variant]).strip("\n"), " " * 8)
+    body = GENERATORS[variant].strip("\n")  # written at the indentation of __init__'s body
     mod = _module_from_source(tmp_path, monkeypatch, GEN_TEMPLATE.format(body=body))
     original = mod.AutoTokenizer
     reg = _apply_on("tokenizer-trust-remote-code", mod)
     try:
         status = reg.status("tokenizer-trust-remote-code")
-        trusted_same_path = variant == "stock"
+        trusted_same_path = variant in TRUSTED_SAME_PATH
         assert status is (Status.APPLIED if trusted_same_path else Status.TARGET_CHANGED), reg.records()
         if status is Status.APPLIED:
             mod.AutoTokenizer.from_pretrained("/m")

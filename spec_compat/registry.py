@@ -24,10 +24,13 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from types import ModuleType
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from . import switches
 from ._versions import in_range, installed_version
+
+if TYPE_CHECKING:
+    from .proof import Proof
 
 log = logging.getLogger("spec_compat")
 
@@ -149,6 +152,9 @@ class Patch:
     #: where the shim acts: "driver" (the process running speculators), "worker"
     #: (vLLM worker processes, through the plugin) or "platform"
     side: ClassVar[str] = "driver"
+    #: how the need is shown: the test that disables exactly this patch and the symptom it
+    #: asserts (:mod:`spec_compat.proof`); every registered patch declares one
+    proof: ClassVar[Proof | None] = None
 
     @property
     def target_module(self) -> str:

@@ -14,6 +14,7 @@ from types import ModuleType
 from typing import Any
 
 from .. import bindings
+from ..proof import Proof, SELFTEST
 from ..registry import Changes, NotNeeded, Patch, TargetChanged, register
 from . import _guards as g
 
@@ -29,6 +30,7 @@ class SchedulerConfigInitVars(Patch):
     neither ``is_encoder_decoder`` -> validation error at start-up."""
 
     id = "scheduler-config-init-vars"
+    proof = Proof("fails", SELFTEST, r"ValidationError: 1 validation error for SchedulerConfig\nis_encoder_decoder\n  Field required", using="llama short")
     summary = "SchedulerConfig gets is_encoder_decoder=False (decoder-only extraction)"
     upstream = "vLLM 0.12.0 config/scheduler.py: required InitVar is_encoder_decoder; generator:194 -> TypeError"
     fixes = ("F1",)
@@ -52,6 +54,7 @@ class AsyncSchedulingOff(Patch):
     executor; speculators drives the executor synchronously, step by step."""
 
     id = "async-scheduling-off"
+    proof = Proof("wrong-values", "tests/engine/test_shims_needed.py::test_async_scheduling_off_reaches_the_config", r"^ASYNC None$")
     summary = "SchedulerConfig(async_scheduling=False) for the generator's synchronous loop"
     upstream = "vLLM 0.14.0 config/vllm.py: async scheduling auto-enabled for the mp executor"
     fixes = ("O3",)
@@ -76,6 +79,7 @@ class KvCacheMemoryFromPlatform(Patch):
     accelerators).  With CUDA nothing changes."""
 
     id = "kv-cache-memory-from-platform"
+    proof = Proof("fails", SELFTEST, r"FAIL engine-start: RuntimeError: Found no NVIDIA driver on your system", using="llama short")
     summary = "KV cache sized from the platform's budget when CUDA is absent (CUDA unchanged)"
     upstream = "speculators 0.3.0 generator:133 torch.cuda.mem_get_info(): no CUDA -> RuntimeError"
     fixes = ("F2",)
@@ -99,6 +103,7 @@ class KvCacheConfigSignature(Patch):
     parameter of ``get_kv_cache_config_from_groups``; generator:136 passes it."""
 
     id = "kv-cache-config-signature"
+    proof = Proof("fails", SELFTEST, r"TypeError: get_kv_cache_config_from_groups\(\) got an unexpected keyword argument 'kv_cache_specs'", using="llama short")
     summary = "get_kv_cache_config_from_groups called without the removed kv_cache_specs"
     upstream = "vLLM 0.12.0 v1/core/kv_cache_utils.py: kv_cache_specs removed -> TypeError"
     fixes = ("F3",)
@@ -124,6 +129,7 @@ class SchedulerBlockSize(Patch):
     engine passes ``cache_config.block_size`` x DCP x PCP, read after config init."""
 
     id = "scheduler-block-size"
+    proof = Proof("fails", SELFTEST, r"TypeError: Scheduler.__init__\(\) missing 1 required positional argument: 'block_size'", using="llama short")
     summary = "Scheduler gets block_size = cache block size x context-parallel sizes, as the engine does"
     upstream = "vLLM 0.11.1 v1/core/sched/scheduler.py: new required block_size; generator:148 -> TypeError"
     fixes = ("F4",)
@@ -155,6 +161,7 @@ class KeepUnfinishedPrefill(Patch):
     never computed: 5x2000 tokens gave 192 rows for the last sequence, silently."""
 
     id = "keep-unfinished-prefill"
+    proof = Proof("wrong-values", SELFTEST, r"RowCountError: spec_compat\[[\w-]+\]: row count != prompt length for req_\d+_\d+: \d+ != \d+", using="llama chunked-8x2000")
     summary = "the generator's per-step abort skips requests whose prefill is unfinished"
     upstream = "vLLM 0.11.1 chunked prefill default on; generator:263 aborts partial prefills -> truncated states"
     fixes = ("F9",)
@@ -190,6 +197,7 @@ class PrefixCachingOff(Patch):
     skips computing the cached rows, so the capture silently loses them (58 -> 20)."""
 
     id = "prefix-caching-off"
+    proof = Proof("fails", SELFTEST, r"assert len\(request\.block_hashes\) >= num_full_blocks", using="llama batch-43-shared-prefixes")
     summary = "CacheConfig(enable_prefix_caching=False): every prompt row is computed and captured"
     upstream = "vLLM 0.12.0 config/cache.py prefix caching on; Request lacks block_hasher -> assert / lost rows"
     fixes = ("F8",)
@@ -218,6 +226,7 @@ class CollectiveRpcSingleReply(Patch):
     gets the first layer's tensor."""
 
     id = "collective-rpc-single-reply"
+    proof = Proof("fails", SELFTEST, r"RuntimeError: Boolean value of Tensor with more than one value is ambiguous", using="llama short")
     summary = "speculators' unique-reply RPCs get the list-of-replies shape they index"
     upstream = "vLLM 0.11.1 v1/executor/multiproc_executor.py: unique_reply_rank returns one reply -> [0] is layer 0"
     fixes = ("F6",)
@@ -248,6 +257,7 @@ class TwoPhaseStep(Patch):
     'State error' (generator:261)."""
 
     id = "two-phase-step"
+    proof = Proof("fails", SELFTEST, r"State error: sample_tokens\(\) must be called after execute_model\(\) returns None", using="llama consecutive-calls")
     summary = "execute_model is followed by sample_tokens when it returns None"
     upstream = "vLLM 0.11.1 v1/worker/gpu_model_runner.py two-phase step -> 'State error' on step 2"
     fixes = ("F7",)
@@ -281,6 +291,7 @@ class RowsByRequestId(Patch):
     its prompt length (upstream issue #279's silent class becomes an error)."""
 
     id = "rows-by-request-id"
+    proof = Proof("fails", SELFTEST, r"AttributeError: 'str' object has no attribute 'clone'", using="llama short")
     summary = "captured rows reassembled by request id in input order, row counts checked"
     upstream = "speculators 0.3.0 generator:278-295 slices the capture in input order; engine order differs (F10)"
     fixes = ("F10",)
@@ -348,6 +359,7 @@ class DriverWaitYieldsCpu(Patch):
     Opt-in: ``SPEC_COMPAT_DRIVER_WAIT=sleep`` makes the driver's reply queues poll, then sleep."""
 
     id = "driver-wait-yields-cpu"
+    proof = Proof("optimization", "tests/engine/test_handoff_engine.py::test_driver_reply_queues_do_not_spin", benchmark="benchmarks/results/capture_overhead_llama_loaded.json")
     summary = ("opt-in (SPEC_COMPAT_DRIVER_WAIT=sleep), CPU platform: the driver's reply queues sleep "
                "(<= 1 ms) instead of spinning while the worker computes")
     upstream = "vLLM shm_broadcast.py SpinTimer: sched_yield busy-wait in acquire_read (driver of speculators' generator)"
@@ -542,6 +554,7 @@ class TokenizerTrustRemoteCode(Patch):
     tokenizer is remote code (tiktoken) -> ValueError before the engine starts."""
 
     id = "tokenizer-trust-remote-code"
+    proof = Proof("fails", SELFTEST, r"ValueError: The repository \S+ contains custom code which must be executed to correctly load the model", using="kimi-k25 short")
     summary = ("tokenizer loaded with trust_remote_code=True, only because speculators already "
                "trusts the same model path for AutoConfig and ModelConfig")
     upstream = "speculators 0.3.0-0.4.x generator:84 AutoTokenizer.from_pretrained(path) -> remote-code tokenizer fails"
@@ -586,6 +599,7 @@ class MemGetInfoFromPlatform(Patch):
     With an accelerator nothing changes."""
 
     id = "mem-get-info-from-platform"
+    proof = Proof("fails", SELFTEST, r"FAIL engine-start: RuntimeError: Found no NVIDIA driver on your system", using="llama short")
     summary = "KV cache budget from the vLLM platform when torch sees no accelerator (0.4.x; else unchanged)"
     upstream = "speculators 0.4.x utils/util.py mem_get_info -> (0, 0) without an accelerator -> no KV blocks"
     fixes = ("F2",)
@@ -628,6 +642,7 @@ class ResultsInInputOrder(Patch):
     input j, and its stock script pairs loss masks by position - silently."""
 
     id = "results-in-input-order"
+    proof = Proof("wrong-values", SELFTEST, r"RowCountError: spec_compat\[generator-input-checks\]: result \d+ carries \d+ input ids that are not input \d+'s", using="llama batch-43-shared-prefixes")
     summary = "generate() results put back in input order (text-sorted request ids undone), checked by input_ids"
     upstream = "speculators 0.4.0.1 generator:335 sorted(request_id_to_idx) -> results out of input order for >=11"
     fixes = ("G1",)
@@ -659,6 +674,7 @@ class GenerateInFittingBatches(Patch):
     states', and a call over the KV budget raises as well."""
 
     id = "generate-in-fitting-batches"
+    proof = Proof("fails", SELFTEST, r"RuntimeError: Request req_0_32 not found in captured states", using="llama batch-43-shared-prefixes")
     summary = "generate() splits a call into sub-calls within max_num_seqs and the KV-cache budget"
     upstream = "speculators 0.4.0.1 generator:279 loop keeps all requests alive -> >32 sequences or over-budget raises"
     fixes = ("G2",)
@@ -702,6 +718,7 @@ class GeneratorInputChecks(Patch):
     id = "generator-input-checks"
     summary = ("generate() inputs checked before the engine (empty, non-int, out-of-vocabulary ids), "
                "truncation logged with counts, every result's rows counted")
+    proof = Proof("guard", "tests/engine/test_generator_inputs.py::test_lost_rows_raise_instead_of_passing_silently", r"FAIL chunked-8x2000: sequence \d+ layer \d+: shape engine \[\d+, \d+\] != reference \[\d+, \d+\]", also_off=("keep-unfinished-prefill", "capture-per-request", "rows-by-request-id"))
     upstream = ("speculators 0.3.0-0.4.x generator: ids[:max_len] truncates silently, bad ids reach vLLM; "
                 "issue #279: lost rows go unnoticed")
     fixes = ("#279",)
@@ -749,6 +766,7 @@ class DriverTorchThreads(Patch):
     target = f"{GEN}:VllmHiddenStatesGenerator"
     requires = {"speculators": SPEC_03, "vllm": ">=0.16,<0.17"}  # the cell that measured it (P2)
 
+    proof = Proof("optimization", "tests/engine/test_handoff_engine.py::test_handoff_rows_equal_the_pickled_path", benchmark="benchmarks/results/capture_overhead_llama_driver_threads_4rounds.json")
     def check(self, module: ModuleType) -> None:
         import os
 

@@ -14,6 +14,7 @@ import functools
 from types import ModuleType
 from typing import Any
 
+from ..proof import Proof, SELFTEST
 from ..registry import Changes, Patch, TargetChanged, register
 from . import _guards as g
 
@@ -66,6 +67,7 @@ class KimiK25DeviceWithoutCuda(Patch):
     that call, kimi_k25's ``torch.cuda.current_device()`` names the platform device."""
 
     id = "kimi-k25-device-without-cuda"
+    proof = Proof("fails", SELFTEST, r"TODO Found no NVIDIA driver on your system", using="kimi-k25 short")
     fixes = ("K4",)
     summary = ("without CUDA, the Kimi-K2.5 model's constructor puts its vision tower and projector on the "
                "platform device (CPU) instead of torch.cuda.current_device(); with CUDA unchanged")
@@ -117,6 +119,7 @@ class KimiK25LoadUnfusedQkvA(Patch):
     deepseek_v2.py:1356 does, they load into the unfused modules when no fused one exists."""
 
     id = "kimi-k25-load-unfused-qkv-a"
+    proof = Proof("fails", SELFTEST, r"TODO fused_qkv_a_proj", using="kimi-k25 short")
     fixes = ("K5",)
     summary = ("q_a_proj / kv_a_proj_with_mqa weights load into the non-MLA attention's own modules "
                "when the model has no fused_qkv_a_proj (VLLM_MLA_DISABLE=1); otherwise vLLM's loader as is")

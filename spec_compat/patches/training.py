@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from .._naming import through
+from ..proof import Proof, MEASURED, TRAINING
 from ..registry import Changes, Patch, TargetChanged, register
 from ..shims.device import accelerator_available
 from . import _guards as g
@@ -95,6 +96,7 @@ class VerifierConfigTextModel(Patch):
     and DeepseekV3Config's ``head_dim`` is the rope size (64 heads x 64 instead of x 112)."""
 
     id = "verifier-config-text-model"
+    proof = Proof("fails", TRAINING, r"TODO", using="kimi-k25")
     fixes = ("T2",)
     summary = ("speculators' training code and stock scripts get the verifier's text-model config: remote "
                "code trusted for a path whose config.json declares it (speculators' own generator already "
@@ -139,6 +141,7 @@ class VerifierWeightsWrapperPrefix(Patch):
     wrapper prefix and returned under the requested name."""
 
     id = "verifier-weights-wrapper-prefix"
+    proof = Proof("fails", TRAINING, r"TODO None of the requested tensor names were found", using="kimi-k25")
     fixes = ("T2",)
     summary = ("verifier tensors that speculators asks for by their text-model name are found under a "
                "multimodal wrapper's 'language_model.' prefix when the plain name is absent")
@@ -208,6 +211,7 @@ class TrainDeviceWithoutCuda(Patch):
     accelerator.  Without one, the process trains on "cpu" (gloo process group under torchrun)."""
 
     id = "train-device-without-cuda"
+    proof = Proof("fails", TRAINING, r"TODO RuntimeError: Found no NVIDIA driver on your system", using="llama")
     fixes = ("T3",)
     summary = ("without an accelerator, maybe_setup_distributed returns as local rank the device name 'cpu' "
                "that compares equal to the rank number, and under torchrun starts a gloo process group; "
@@ -269,6 +273,7 @@ class CheckpointLoadWithoutCuda(Patch):
     CUDA on a CUDA build without a GPU.  Without CUDA both load to cpu (the Trainer then moves it)."""
 
     id = "checkpoint-load-without-cuda"
+    proof = Proof("fails", "tests/engine/test_training.py::test_resume_without_cuda_needs_shim", r"RuntimeError: Found no NVIDIA driver on your system")
     fixes = ("T3",)
     summary = "without CUDA, resuming from a checkpoint loads tensors to cpu instead of cuda:0"
     upstream = ("speculators 0.3.x train/checkpointer.py SingleGPUCheckpointer 'cuda:0' (todo: generalize); "
@@ -342,6 +347,7 @@ class FsdpWithoutCuda(Patch):
     op.  Without CUDA the layers materialise on cpu and AVG is SUM / world size."""
 
     id = "fsdp-without-cuda"
+    proof = Proof("fails", "tests/engine/test_training.py::test_torchrun_two_cpu_ranks_fsdp", r"RuntimeError: Found no NVIDIA driver on your system")
     fixes = ("T3",)
     summary = ("torchrun without CUDA: FSDP layers materialise on cpu instead of the hard-coded 'cuda', and "
                "metric reduction with ReduceOp.AVG runs as SUM / world size on gloo; with CUDA unchanged")
@@ -396,6 +402,7 @@ class DraftEagerWithoutCuda(Patch):
     not on CUDA run the uncompiled forward."""
 
     id = "draft-eager-without-cuda"
+    proof = Proof("measured", MEASURED, benchmark="benchmarks/results/draft_eager_cpu.json")
     fixes = ("T3",)
     summary = ("Eagle3DraftModel.forward runs uncompiled when its inputs are not on CUDA (as speculators "
                "0.4.0 does); CUDA calls keep the torch.compile'd forward")
@@ -430,6 +437,7 @@ class DraftAttentionWithoutFlexBackward(Patch):
     CUDA the same masked attention is computed with SDPA and a dense mask built from the BlockMask."""
 
     id = "draft-attention-without-flex-backward"
+    proof = Proof("fails", TRAINING, r"TODO", using="llama")
     fixes = ("T3",)
     summary = ("the draft's 'simple_flex_attention' computes non-CUDA calls with scaled_dot_product_attention "
                "and the BlockMask materialised densely (block structure + mask_mod); CUDA calls keep flex attention")
@@ -480,6 +488,7 @@ class TargetsAfterFinalNorm(Patch):
     (frozen, not saved) and applied to ``verifier_last_hidden_states`` first."""
 
     id = "targets-after-final-norm"
+    proof = Proof("wrong-values", "tests/engine/test_training.py::test_targets_use_the_final_norm", r"targets equal verifier_lm_head\(last layer\) without the final norm")
     fixes = ("O7",)
     summary = ("training targets come from the verifier's final-norm output: its norm weight is loaded with the "
                "embeddings (frozen, not part of the saved draft) and applied before verifier_lm_head")
@@ -540,6 +549,7 @@ class DraftNamesItsAuxLayers(Patch):
     from speculators' own ``data_config.json`` next to the training files."""
 
     id = "draft-names-its-aux-layers"
+    proof = Proof("wrong-values", "tests/engine/test_training.py::test_draft_names_no_aux_layers_without_shim", r"eagle_aux_hidden_state_layer_ids: None")
     fixes = ("O6",)
     summary = ("the saved draft config names the layers it was trained on in vLLM's convention: "
                "eagle_aux_hidden_state_layer_ids = captured feature layers + 1 (from the training data's "
@@ -616,6 +626,7 @@ class SingleDeviceBf16(Patch):
     get the same policy through bf16 autocast around the draft's forward."""
 
     id = "single-device-bf16"
+    proof = Proof("measured", MEASURED, benchmark="benchmarks/results/h200-train-step-run4-fused-adamw.json")
     fixes = ("P-single",)
     summary = ("single-device CUDA training computes in bf16 (autocast) with fp32 master weights and fp32 "
                "optimizer state (AdamW as one fused kernel), like the FSDP path's MixedPrecisionPolicy; CPU and "
@@ -707,6 +718,7 @@ class DraftReloadsWithSpeculatorsLoader(Patch):
     The constructor accepts them and builds placeholder maps that the saved d2t/t2d replace."""
 
     id = "draft-reloads-with-speculators-loader"
+    proof = Proof("fails", "tests/engine/test_training.py::test_reload_needs_shim", r"TODO TypeError: .*unexpected keyword argument 'verifier'")
     fixes = ("T4",)
     summary = ("Eagle3DraftModel accepts the loader's verifier/verifier_attachment_mode arguments and, "
                "without t2d/d2t, placeholder maps of the config's sizes that the checkpoint's own overwrite")

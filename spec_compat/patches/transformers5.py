@@ -26,6 +26,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from ..proof import Proof, T1_STEPS
 from ..registry import Changes, Patch, TargetChanged, register
 from ..shims import hf_config
 from . import _guards as g
@@ -57,6 +58,7 @@ class PretrainedConfigAnnotations(Patch):
     SpeculatorModelConfig -> ``import speculators`` raises ``PydanticUndefinedAnnotation: torch``."""
 
     id = "pretrained-config-annotations"
+    proof = Proof("fails", T1_STEPS, r"PydanticUndefinedAnnotation: name 'torch' is not defined", using="import")
     fixes = ("T1",)
     summary = ("the names PreTrainedConfig's field annotations use (torch) are bound in "
                "transformers.configuration_utils, so pydantic can evaluate them for speculators' configs")
@@ -95,6 +97,7 @@ class SpeculatorConfigOwnInit(Patch):
     then bypasses pydantic -> ``AttributeError: ... no attribute '__pydantic_fields_set__'``."""
 
     id = "speculator-config-own-init"
+    proof = Proof("fails", T1_STEPS, r"AttributeError: 'Eagle3SpeculatorConfig' object has no attribute '__pydantic_fields_set__'", using="build-config")
     fixes = ("T1",)
     summary = ("subclasses of SpeculatorModelConfig (Eagle3SpeculatorConfig, ...) keep the pydantic __init__ "
                "they inherit instead of the one transformers' __init_subclass__ generates for them")
@@ -146,6 +149,7 @@ class SpeculatorConfigValidate(Patch):
     in the MRO -> ``config.save_pretrained(dir)``: TypeError missing argument 'value'."""
 
     id = "speculator-config-validate"
+    proof = Proof("fails", T1_STEPS, r"TypeError: BaseModel.validate\(\) missing 1 required positional argument: 'value'", using="save")
     fixes = ("T1",)
     summary = ("config.validate() on a speculators config runs transformers' config validators (as "
                "save_pretrained expects); SpeculatorModelConfig.validate(value) on the class stays pydantic's")
@@ -196,6 +200,7 @@ class AttnMaskUtilsModule(Patch):
     ``import speculators`` auto-imports that module -> ModuleNotFoundError."""
 
     id = "attn-mask-utils-module"
+    proof = Proof("fails", T1_STEPS, r"ModuleNotFoundError: No module named 'transformers.modeling_attn_mask_utils'", using="import")
     fixes = ("T1",)
     summary = ("transformers.modeling_attn_mask_utils importable again (only when transformers lacks it), "
                "with a _prepare_4d_causal_attention_mask of the same mask contract")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
+from ..proof import Proof, SELFTEST
 from ..registry import Changes, Patch, register
 from . import _guards as g
 
@@ -25,6 +26,7 @@ class WorkerForwardEmbedInputIds(Patch):
     replacement forward (custom_worker:30) raises AttributeError in the worker."""
 
     id = "worker-forward-embed-input-ids"
+    proof = Proof("fails", SELFTEST, r"'LlamaModel' object has no attribute 'get_input_embeddings'", also_off=("capture-layer-hooks",), using="llama short")
     summary = "the capture forward bound onto the base model uses embed_input_ids and passes layer kwargs"
     upstream = "vLLM 0.11.1 model_executor/models/*: get_input_embeddings -> embed_input_ids (custom_worker:30)"
     fixes = ("F5",)
@@ -52,6 +54,7 @@ class DecoderStackLocator(Patch):
     ``language_model.layers`` on vLLM 0.15 -> 'does not support' / AttributeError."""
 
     id = "decoder-stack-locator"
+    proof = Proof("fails", SELFTEST, r"Model KimiK25ForConditionalGeneration does not support hidden state extraction", also_off=("eagle3-kimi-k25-aux-states",), using="kimi-k25 short")
     summary = "capture set up on the decoder stack of any wrapper (get_language_model, then .model if it holds .layers)"
     upstream = "speculators 0.3.0 custom_worker:102 supports_eagle3 gate + model.model; 0.4.x get_language_model().model"
     fixes = ("K2",)
@@ -93,6 +96,7 @@ class CaptureLayerHooks(Patch):
     Forward hooks on the chosen layers keep the model's forward intact."""
 
     id = "capture-layer-hooks"
+    proof = Proof("wrong-values", SELFTEST, r"FAIL many-blocks: sequence \d+ layer \d+: max\|diff\|=\S+ > tolerance", using="kimi-k25+--llama-4-scaling many-blocks")
     summary = "capture through forward hooks on the chosen layers; the model's own forward stays in place"
     upstream = "vLLM 0.12 deepseek_v2.py layer(positions, hidden, residual, llama_4_scaling); custom_worker:44 drops it"
     fixes = ("K3",)
@@ -138,6 +142,7 @@ class CapturePerRequest(Patch):
     sequences.  The worker now keys captured rows by request id."""
 
     id = "capture-per-request"
+    proof = Proof("fails", SELFTEST, r"RowCountError: spec_compat\[rows-by-request-id\]: the worker returned rows without request ids", using="llama short")
     summary = "worker keys captured rows by request id (input_batch.req_ids x num_scheduled_tokens)"
     upstream = "speculators 0.3.0 custom_worker:88 one list per layer, no request ids; engine reorders (F10)"
     fixes = ("F10",)
@@ -208,6 +213,7 @@ class CaptureHandoffShm(Patch):
     Rows now go into /dev/shm segments as they are captured; the reply is a descriptor."""
 
     id = "capture-handoff-shm"
+    proof = Proof("optimization", "tests/engine/test_handoff_engine.py::test_handoff_rows_equal_the_pickled_path", benchmark="benchmarks/results/handoff_cpu.json")
     summary = ("captured rows streamed into shared-memory segments per layer as they are computed; the worker "
                "returns a descriptor; the driver maps each layer whose rows lie in input order (steps that kept "
                "the requests' order) and reads others straight into its output (no pickled payload); opt-in "

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from spec_compat import REGISTRY
+from spec_compat.proof import proof_cases
 
 pytestmark = pytest.mark.engine
 
@@ -49,18 +50,22 @@ def _tokens(proc: subprocess.CompletedProcess) -> list[list[int]]:
     return json.loads(line[len("SPEC_COMPAT_RESULT "):])
 
 
-def test_amx_cpu_decodes_with_the_probe_and_dies_without(llama_dir):
-    if not REGISTRY.get("cpu-attention-isa-probe").needed()[0]:
-        pytest.skip("cpu-attention-isa-probe is not needed with this vLLM")
+@pytest.mark.parametrize("pid", proof_cases("test_amx_cpu_decodes_with_the_probe_and_dies_without"))
+def test_amx_cpu_decodes_with_the_probe_and_dies_without(llama_dir, prove, pid):
+    proof = prove(pid)
+    if not REGISTRY.get(pid).needed()[0]:
+        pytest.skip(f"{pid} is not needed with this vLLM")
     if not _amx_cpu():
         pytest.skip("this CPU has no AMX tiles: vLLM never picks the 'amx' kernels")
     from spec_compat.patches.platform import amx_attention_works
 
     assert not amx_attention_works(64)  # the Llama fixture's head size: the installed _C lacks it
-    patched = _tokens(_decode(llama_dir, "default", None))
-    reference = _tokens(_decode(llama_dir, "16", None))
+    patched_run = _decode(llama_dir, "default", proof.baseline or None)
+    proof.assert_absent(patched_run.stdout + patched_run.stderr)
+    patched = _tokens(patched_run)
+    reference = _tokens(_decode(llama_dir, "16", proof.baseline or None))
     assert [len(t) for t in patched] == [12, 12, 12]
     assert patched == reference
-    stock = _decode(llama_dir, "default", "cpu-attention-isa-probe")
+    stock = _decode(llama_dir, "default", proof.disable)
     assert stock.returncode != 0
-    assert "Unsupported CPU attention configuration" in stock.stdout + stock.stderr
+    proof.assert_symptom(stock.stdout + stock.stderr)

@@ -15,6 +15,8 @@ import random
 
 import pytest
 
+from spec_compat.proof import proof_cases
+
 if os.environ.get("SPEC_COMPAT_REQUIRE_ENGINE") == "1":
     import hypothesis  # an engine cell installs it (matrix/cells.py TEST_REQUIREMENTS)
 else:
@@ -212,18 +214,21 @@ def test_engine_still_exact_after_refusals(engine):
     _assert_exact(results, batch, ref)
 
 
-def test_lost_rows_raise_instead_of_passing_silently(llama_dir, selftest):
+@pytest.mark.parametrize("pid", proof_cases("test_lost_rows_raise_instead_of_passing_silently"))
+def test_lost_rows_raise_instead_of_passing_silently(llama_dir, selftest, prove, pid):
     """With speculators 0.3.x's partial-prefill abort back (keep-unfinished-prefill off) and the
-    stock input-order slicing (F10 patches off), the chunked batch loses rows: the guard raises
-    naming itself; with the guard off too the rows come back short, silently."""
+    stock input-order slicing (F10 patches off) -- the fault, ``also_off`` in the proof -- the
+    chunked batch loses rows: the guard raises naming itself; with the guard off too the rows come
+    back short, silently (the declared symptom)."""
     from spec_compat import REGISTRY
 
-    off = ["keep-unfinished-prefill", "capture-per-request", "rows-by-request-id"]
-    if not all(REGISTRY.get(p).needed()[0] for p in off):
+    proof = prove(pid)
+    if not all(REGISTRY.get(p).needed()[0] for p in proof.proof.disabled_ids(pid)):
         pytest.skip("the row loss needs speculators 0.3.x on vLLM >= 0.11.1 (patches not applied here)")
-    guarded = selftest(llama_dir, "chunked-8x2000", disable=",".join(off))
+    guarded = selftest(llama_dir, "chunked-8x2000", disable=proof.baseline)
     line = next(ln for ln in guarded.stdout.splitlines() if "chunked-8x2000" in ln)
-    assert line.startswith("FAIL") and f"RowCountError: spec_compat[{PID}]" in line and "lost rows" in line, line
-    silent = selftest(llama_dir, "chunked-8x2000", disable=",".join([*off, PID]))
-    line = next(ln for ln in silent.stdout.splitlines() if "chunked-8x2000" in ln)
-    assert line.startswith("FAIL") and "Error" not in line and "rows" in line, line
+    assert line.startswith("FAIL") and f"RowCountError: spec_compat[{pid}]" in line and "lost rows" in line, line
+    proof.assert_absent(guarded.stdout)
+    silent = selftest(llama_dir, "chunked-8x2000", disable=proof.disable)
+    line = proof.assert_symptom(silent.stdout)
+    assert line.startswith("FAIL") and "Error" not in line, line

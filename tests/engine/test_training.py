@@ -15,32 +15,11 @@ from pathlib import Path
 import pytest
 
 from spec_compat import REGISTRY
+from spec_compat.proof import proof_cases
 
 ROOT = Path(__file__).resolve().parents[2]
 
 MODELS = ("llama", "kimi-k25")
-
-#: training-side patch id -> the test here that fails (or shows wrong targets) with only it disabled
-TRAINING_PROOFS = {
-    "train-device-without-cuda": "test_training_fails_without_shim",
-    "verifier-config-text-model": "test_training_fails_without_shim",
-    "verifier-weights-wrapper-prefix": "test_training_fails_without_shim",
-    "draft-names-its-aux-layers": "test_draft_names_no_aux_layers_without_shim",
-    "targets-after-final-norm": "test_targets_use_the_final_norm",
-    "checkpoint-load-without-cuda": "test_resume_without_cuda_needs_shim",
-    "draft-reloads-with-speculators-loader": "test_reload_needs_shim",
-    "slow-tokenizer-offsets": "test_kimi_preprocessing_needs_offsets_shim",
-    "fsdp-without-cuda": "test_torchrun_two_cpu_ranks_fsdp",
-    "device-name-without-accelerator": "test_data_config_metadata_without_accelerator_needs_shim",
-    # tests/engine/test_draft_attention.py: compiled flex attention has no CPU backward
-    "draft-attention-without-flex-backward": "test_compiled_flex_attention_has_no_cpu_backward_but_the_fallback_does",
-}
-#: needed here but with nothing that fails without them: id -> where their effect is measured
-MEASURED_ONLY = {
-    "single-device-bf16": "CUDA only: benchmarks/RESULTS.md (H200: 3234.7 -> 172.9 ms/step at 4096)",
-    "draft-eager-without-cuda": "CPU speed: a compiled 0.3.0 draft trains too, 153 s vs 8 s per 15-step epoch",
-}
-
 
 def _run(args: list[str], disable: str | None = None, timeout: int = 1200) -> subprocess.CompletedProcess:
     env = dict(os.environ)
@@ -129,60 +108,78 @@ def test_kimi_draft_layer_is_sized_from_the_text_model(demo, fixture_dir):
 
 # -- each shim is what fixes its failure --------------------------------------------------
 
-TRAIN_FAILS = [
-    # (patch, model, text expected in the failure)
-    ("train-device-without-cuda", "llama", "NVIDIA"),
-    ("verifier-config-text-model", "kimi-k25", "Error"),
-    ("verifier-weights-wrapper-prefix", "kimi-k25", "None of the requested tensor names were found"),
-]
-
-
-@pytest.mark.parametrize(("pid", "model", "expect"), TRAIN_FAILS)
-def test_training_fails_without_shim(demo, tmp_path, pid, model, expect):
+@pytest.mark.parametrize("pid", proof_cases("test_training_fails_without_shim"))
+def test_training_fails_without_shim(demo, tmp_path, prove, pid):
+    proof = prove(pid)
     _needed(pid)
-    res = demo(model)
+    res = demo(proof.proof.using)
     args = dict(model_dir=res["model_dir"], data_dir=res["data_dir"], vocab_dir=res["vocab_dir"], epochs=1)
-    proc = _step("train", disable=pid, save=tmp_path / "off", **args)
-    assert proc.returncode != 0, f"training succeeded with {pid} disabled"
-    assert expect in proc.stderr, proc.stderr[-3000:]
-    ok = _step("train", save=tmp_path / "on", **args)
-    assert ok.returncode == 0, ok.stderr[-3000:]
-    assert len(_result(ok)["losses"]) > 0
+    off = _step("train", disable=proof.disable, save=tmp_path / "off", **args)
+    assert off.returncode != 0, f"training succeeded with {pid} disabled"
+    proof.assert_symptom(off.stderr)
+    on = _step("train", disable=proof.baseline, save=tmp_path / "on", **args)
+    assert on.returncode == 0, on.stderr[-3000:]
+    proof.assert_absent(on.stderr)
+    assert len(_result(on)["losses"]) > 0
 
 
-def test_draft_names_no_aux_layers_without_shim(demo, tmp_path):
-    pid = "draft-names-its-aux-layers"
+@pytest.mark.parametrize("pid", proof_cases("test_draft_names_no_aux_layers_without_shim"))
+def test_draft_names_no_aux_layers_without_shim(demo, tmp_path, prove, pid):
+    proof = prove(pid)
     _needed(pid)
     res = demo("llama")
-    proc = _step("train", disable=pid, model_dir=res["model_dir"], data_dir=res["data_dir"],
-                 vocab_dir=res["vocab_dir"], save=tmp_path / "off", epochs=1)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    cfg = json.loads((tmp_path / "off" / "0" / "config.json").read_text())
-    assert cfg.get("eagle_aux_hidden_state_layer_ids") is None  # vLLM would fall back to (2, n//2, n-3)
+    off = _step("train", disable=proof.disable, model_dir=res["model_dir"], data_dir=res["data_dir"],
+                vocab_dir=res["vocab_dir"], save=tmp_path / "off", epochs=1)
+    assert off.returncode == 0, off.stderr[-3000:]
+
+    def named(config: Path) -> str:
+        value = json.loads(config.read_text()).get("eagle_aux_hidden_state_layer_ids")
+        return f"eagle_aux_hidden_state_layer_ids: {value}"
+
+    # vLLM would fall back to its default aux layers (2, n//2, n-3) for the stock draft
+    proof.assert_symptom(named(tmp_path / "off" / "0" / "config.json"))
+    on = named(Path(res["draft_dir"]) / "config.json")  # the demo's draft, every patch on
+    proof.assert_absent(on)
+    assert on == "eagle_aux_hidden_state_layer_ids: [1, 2, 3]", on
 
 
-def test_targets_use_the_final_norm(demo):
+def _targets_signature(r: dict) -> str:
+    """What the verifier_lm_head targets were computed from (distances from the step's JSON)."""
+    if r["vs_raw"] < 1e-6 and r["vs_final_norm"] > 0.1:
+        return "targets equal verifier_lm_head(last layer) without the final norm"
+    if r["vs_final_norm"] < 1e-5 and r["vs_raw"] > 0.1:
+        return "targets equal verifier_lm_head(final_norm(last layer))"
+    return f"targets match neither: {r}"  # NaN compares False: lands here
+
+
+@pytest.mark.parametrize("pid", proof_cases("test_targets_use_the_final_norm"))
+def test_targets_use_the_final_norm(demo, prove, pid):
     """O7: the frozen verifier_lm_head must see norm(last layer), as the verifier's own lm_head does."""
+    proof = prove(pid)
     res = demo("llama")
     args = dict(model_dir=res["model_dir"], data_dir=res["data_dir"], vocab_dir=res["vocab_dir"])
-    on = _result(_step("targets", **args))
-    assert on["vs_final_norm"] < 1e-5 < 0.1 < on["vs_raw"], on
-    if REGISTRY.get("targets-after-final-norm").needed()[0]:
-        off = _result(_step("targets", disable="targets-after-final-norm", **args))
-        assert off["vs_raw"] < 1e-6 and off["vs_final_norm"] > 0.1, off  # speculators 0.3.0 stock
+    on = _targets_signature(_result(_step("targets", disable=proof.baseline, **args)))
+    assert on == "targets equal verifier_lm_head(final_norm(last layer))", on
+    proof.assert_absent(on)
+    _needed(pid)
+    off = _targets_signature(_result(_step("targets", disable=proof.disable, **args)))  # speculators 0.3.0 stock
+    proof.assert_symptom(off)
 
 
-def test_resume_without_cuda_needs_shim(demo, tmp_path):
-    pid = "checkpoint-load-without-cuda"
+@pytest.mark.parametrize("pid", proof_cases("test_resume_without_cuda_needs_shim"))
+def test_resume_without_cuda_needs_shim(demo, tmp_path, prove, pid):
+    proof = prove(pid)
     _needed(pid)
     res = demo("llama")
     args = dict(model_dir=res["model_dir"], data_dir=res["data_dir"], vocab_dir=res["vocab_dir"])
     first = _step("train", save=tmp_path / "ck", epochs=1, **args)
     assert first.returncode == 0, first.stderr[-3000:]
-    off = _step("train", disable=pid, save=tmp_path / "ck", epochs=2, resume=True, **args)
-    assert off.returncode != 0 and ("NVIDIA" in off.stderr or "CUDA" in off.stderr), off.stderr[-3000:]
-    on = _step("train", save=tmp_path / "ck", epochs=2, resume=True, **args)
+    off = _step("train", disable=proof.disable, save=tmp_path / "ck", epochs=2, resume=True, **args)
+    assert off.returncode != 0
+    proof.assert_symptom(off.stderr)
+    on = _step("train", disable=proof.baseline, save=tmp_path / "ck", epochs=2, resume=True, **args)
     assert on.returncode == 0, on.stderr[-3000:]
+    proof.assert_absent(on.stderr)
     assert (tmp_path / "ck" / "1" / "model.safetensors").is_file()
     # resumed at epoch 1 from the saved weights: one epoch of steps (the sampler packs each epoch
     # differently, so +-1 step), starting near where the first run ended, not at the untrained loss
@@ -191,55 +188,68 @@ def test_resume_without_cuda_needs_shim(demo, tmp_path):
     assert after[0] < 0.6 * before[0], (before[0], before[-1], after[0])
 
 
-def test_reload_needs_shim(demo):
-    pid = "draft-reloads-with-speculators-loader"
+@pytest.mark.parametrize("pid", proof_cases("test_reload_needs_shim"))
+def test_reload_needs_shim(demo, prove, pid):
+    proof = prove(pid)
     _needed(pid)
     res = demo("llama")
-    off = _step("reload", disable=pid, path=res["draft_dir"])
+    off = _step("reload", disable=proof.disable, path=res["draft_dir"])
     assert off.returncode != 0, "speculators' loader reloaded the draft without the shim"
-    assert "verifier" in off.stderr or "t2d" in off.stderr, off.stderr[-3000:]
+    proof.assert_symptom(off.stderr)
+    on = _step("reload", disable=proof.baseline, path=res["draft_dir"])
+    assert on.returncode == 0, on.stderr[-3000:]
+    proof.assert_absent(on.stderr)
+    assert _result(on)["aux"] == [1, 2, 3]
 
 
-def test_kimi_preprocessing_needs_offsets_shim(fixture_dir, tmp_path):
-    pid = "slow-tokenizer-offsets"
+@pytest.mark.parametrize("pid", proof_cases("test_kimi_preprocessing_needs_offsets_shim"))
+def test_kimi_preprocessing_needs_offsets_shim(fixture_dir, tmp_path, prove, pid):
+    proof = prove(pid)
     _needed(pid)
     kimi = fixture_dir("kimi-k25")
-    on = _step("preprocess", model_dir=kimi, out=tmp_path / "on")
+    on = _step("preprocess", disable=proof.baseline, model_dir=kimi, out=tmp_path / "on")
     assert on.returncode == 0, on.stderr[-3000:]
     assert _result(on)["samples"] == 64
-    off = _step("preprocess", disable=pid, model_dir=kimi, out=tmp_path / "off")
+    proof.assert_absent(on.stderr)
+    off = _step("preprocess", disable=proof.disable, model_dir=kimi, out=tmp_path / "off")
     # stock: every conversation fails with the tokenizer's NotImplementedError, is logged and dropped;
     # the empty dataset then fails later (speculators 0.3.0: IndexError showing sample 0) or here
     assert off.returncode != 0, off.stderr[-3000:]
-    assert "return_offset_mapping is not available" in off.stderr, off.stderr[-3000:]
+    proof.assert_symptom(off.stderr)
     assert "no samples" in off.stderr or "out of bounds for size 0" in off.stderr, off.stderr[-3000:]
 
 
-def test_torchrun_two_cpu_ranks_fsdp(demo, tmp_path):
+@pytest.mark.parametrize("pid", proof_cases("test_torchrun_two_cpu_ranks_fsdp"))
+def test_torchrun_two_cpu_ranks_fsdp(demo, tmp_path, prove, pid):
     """The FSDP path (torchrun, 2 ranks, gloo) on CPU; without fsdp-without-cuda it cannot start."""
-    pid = "fsdp-without-cuda"
+    proof = prove(pid)
     _needed(pid)
     res = demo("llama")
     args = json.dumps({"model_dir": res["model_dir"], "data_dir": res["data_dir"], "vocab_dir": res["vocab_dir"],
                        "save": str(tmp_path / "fsdp"), "epochs": 1})
     cmd = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
            "-m", "spec_compat.demo", "train", args]
-    on = _run(cmd)
+    on = _run(cmd, disable=proof.baseline)
     assert on.returncode == 0, on.stderr[-4000:]
+    proof.assert_absent(on.stderr)
     assert (tmp_path / "fsdp" / "0" / "model.safetensors").is_file()
     assert json.loads((tmp_path / "fsdp" / "0" / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
-    off = _run(cmd[:-1] + [args.replace("fsdp", "fsdp-off")], disable=pid)
-    assert off.returncode != 0 and "NVIDIA" in off.stderr, off.stderr[-4000:]
+    off = _run(cmd[:-1] + [args.replace("fsdp", "fsdp-off")], disable=proof.disable)
+    assert off.returncode != 0
+    proof.assert_symptom(off.stderr)
 
 
-def test_data_config_metadata_without_accelerator_needs_shim():
+@pytest.mark.parametrize("pid", proof_cases("test_data_config_metadata_without_accelerator_needs_shim"))
+def test_data_config_metadata_without_accelerator_needs_shim(prove, pid):
     """speculators 0.4.x names the GPU in data_config.json through torch.accelerator, which a CUDA
     build of torch reports without a GPU: the stock step after extraction raises."""
-    pid = "device-name-without-accelerator"
+    proof = prove(pid)
     _needed(pid)
     code = ("import spec_compat; from speculators.data_generation import config_generator as c; "
             "print('SPEC_COMPAT_RESULT ' + __import__('json').dumps(c._get_gpu_info()))")
-    on = _run(["-c", code])
+    on = _run(["-c", code], disable=proof.baseline)
     assert _result(on) == "CPU ONLY"
-    off = _run(["-c", code], disable=pid)
-    assert off.returncode != 0 and "NVIDIA" in off.stderr, off.stderr[-2000:]
+    proof.assert_absent(on.stderr)
+    off = _run(["-c", code], disable=proof.disable)
+    assert off.returncode != 0
+    proof.assert_symptom(off.stderr)

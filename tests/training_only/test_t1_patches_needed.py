@@ -12,21 +12,16 @@ from pathlib import Path
 import pytest
 
 from spec_compat._versions import in_range, installed_version
+from spec_compat.proof import proof_cases
 
 pytestmark = pytest.mark.t1
 
 STEPS = Path(__file__).resolve().parent / "t1_steps.py"
 TF_524 = in_range(installed_version("transformers"), ">=5.24")
 
-# patch id -> (the step that fails without it, the error it fails with)
-EXPECTED = {
-    "pretrained-config-annotations": ("import", "PydanticUndefinedAnnotation: name 'torch' is not defined"),
-    "speculator-config-own-init": (
-        "build-config", "AttributeError: 'Eagle3SpeculatorConfig' object has no attribute '__pydantic_fields_set__'"),
-    "speculator-config-validate": (
-        "save", "TypeError: BaseModel.validate() missing 1 required positional argument: 'value'"),
-    "attn-mask-utils-module": ("import", "ModuleNotFoundError: No module named 'transformers.modeling_attn_mask_utils'"),
-}
+#: the T1 patches: each one's step (``Proof.using``) and error (``Proof.symptom``) are declared
+#: with the patch (spec_compat/patches/transformers5.py)
+T1 = proof_cases("test_step_fails_without_the_patch")
 
 
 def run_steps(verifier: Path, out: Path, disable: str | None) -> subprocess.CompletedProcess:
@@ -44,24 +39,39 @@ def verdict(proc: subprocess.CompletedProcess) -> str:
     return lines[-1]
 
 
-def test_stock_steps_pass_with_the_registry(llama_dir, tmp_path):
-    proc = run_steps(llama_dir, tmp_path, None)
+@pytest.fixture(scope="module")
+def patched_steps(llama_dir, tmp_path_factory):
+    """The stock steps with every patch on, run once for this module."""
+    return run_steps(llama_dir, tmp_path_factory.mktemp("t1-on"), None)
+
+
+def test_stock_steps_pass_with_the_registry(patched_steps):
+    proc = patched_steps
     assert verdict(proc) == "T1-OK", proc.stderr[-4000:]
     assert proc.returncode == 0
 
 
-@pytest.mark.parametrize("pid", sorted(EXPECTED))
-def test_step_fails_without_the_patch(pid, llama_dir, tmp_path):
+@pytest.mark.parametrize("pid", proof_cases("test_step_fails_without_the_patch"))
+def test_step_fails_without_the_patch(pid, llama_dir, tmp_path, patched_steps, prove):
     if pid == "attn-mask-utils-module" and not TF_524:
         pytest.skip("transformers < 5.24 still ships modeling_attn_mask_utils")
-    step, error = EXPECTED[pid]
-    proc = run_steps(llama_dir, tmp_path, pid)
-    assert proc.returncode == 1
-    assert verdict(proc) == f"T1-FAIL {step} {error}", proc.stderr[-4000:]
+    proof = prove(pid)
+    step = proof.proof.using
+    off = run_steps(llama_dir, tmp_path, proof.disable)
+    assert off.returncode == 1
+    line = proof.assert_symptom(verdict(off))
+    assert line.startswith(f"T1-FAIL {step} "), (line, off.stderr[-4000:])
+    assert not proof.proof.also_off  # the patched run is the shared one
+    on = patched_steps
+    assert verdict(on) == "T1-OK", on.stderr[-4000:]
+    proof.assert_absent(verdict(on))
 
 
 def test_stock_speculators_fails_at_import(llama_dir, tmp_path):
     """Every T1 patch off = stock speculators: the first T1 error, at import."""
-    proc = run_steps(llama_dir, tmp_path, ",".join(EXPECTED))
-    first = "attn-mask-utils-module" if TF_524 else "pretrained-config-annotations"
-    assert verdict(proc) == f"T1-FAIL import {EXPECTED[first][1]}", proc.stderr[-4000:]
+    from spec_compat import REGISTRY
+
+    proc = run_steps(llama_dir, tmp_path, ",".join(T1))
+    first = REGISTRY.get("attn-mask-utils-module" if TF_524 else "pretrained-config-annotations").proof
+    assert verdict(proc).startswith("T1-FAIL import "), verdict(proc)
+    assert first.find_symptom(verdict(proc)), (verdict(proc), first.symptom)

@@ -51,6 +51,7 @@ def main() -> int:
 
     import torch
 
+    from spec_compat.compare import compare_identical
     from spec_compat.shims.handoff import SegmentedCapture, materialize
 
     torch.set_num_threads(a.threads)
@@ -86,7 +87,8 @@ def main() -> int:
             out.append([h[off:off + n].clone().cpu() for h in layers])
             off += n
         t4 = time.perf_counter()
-        assert torch.equal(out[-1][-1], states[-1][-(a.tokens // a.seqs):])
+        same = compare_identical(out[-1][-1], states[-1][-(a.tokens // a.seqs):])
+        assert same, same.detail
         del layers
         return [t1 - t0, t2 - t1, t3 - t2, t4 - t3]
 

@@ -260,7 +260,7 @@ def parser() -> argparse.ArgumentParser:
         description="Run stock speculators on newer vLLM through a version-keyed registry of run-time patches.",
         epilog="Switches: SPEC_COMPAT_DISABLE=id,id|*  SPEC_COMPAT_STRICT=1  SPEC_COMPAT_LOG=DEBUG  "
                "SPEC_COMPAT_DRIVER_WAIT=spin|sleep  SPEC_COMPAT_DRIVER_THREADS=1|N|keep  "
-               "SPEC_COMPAT_SHM_POOL_MB=0|N",
+               "SPEC_COMPAT_SHM_POOL_MB=0|N  SPEC_COMPAT_NONFINITE=raise|warn",
     )
     p.add_argument("--version", action="version", version=f"spec-compat {__version__}")
     sub = p.add_subparsers(dest="command", required=True)

@@ -391,8 +391,15 @@ def training_targets_check(model_dir: str, data_dir: str, vocab_dir: str, total_
     n = int(batch["lengths"].sum())
     got = seen[0][:, :n]
     normed = rms_norm(raw, weight, eps)[:, :n]
-    return {"vs_final_norm": float((got - normed).abs().max()), "vs_raw": float((got - raw[:, :n]).abs().max()),
-            "tokens": n}
+    from .compare import compare_states
+
+    out: dict[str, Any] = {"tokens": n}
+    for key, want in (("vs_final_norm", normed), ("vs_raw", raw[:, :n])):
+        c = compare_states(got, want, tolerance=None, upcast=True, sides=("lm-head input", key[3:]))
+        if not c.ok or c.max_abs_diff is None:  # NaN/inf, empty, shape: no figure to report
+            raise RuntimeError(f"training-targets check {key}: {c.detail}")
+        out[key] = c.max_abs_diff
+    return out
 
 
 def save_untrained_draft(model_dir: str, vocab_dir: str, out: str, aux_layer_ids: list[int] | None,

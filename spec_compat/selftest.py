@@ -12,6 +12,7 @@ prompts join), and consecutive calls.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 import traceback
@@ -58,23 +59,29 @@ def workloads(vocab: int, seed: int = 0) -> dict[str, list[list[list[int]]]]:
 
 def compare(results: Sequence[dict], calls: Sequence[Sequence[int]], layer_ids: Sequence[int],
             reference: Callable[[Sequence[int]], list[Any]]) -> tuple[bool, float, str]:
-    """(ok, max |diff|, detail) of one generate() result against the reference."""
+    """(ok, max |diff|, detail) of one generate() result against the reference, every layer through
+    :func:`spec_compat.compare.compare_states` (equal dtype; a non-finite value on either side, an
+    empty or mis-shaped layer fails).  On a failure max |diff| is ``inf`` and the detail names the
+    first failing sequence and layer (and, for non-finite values, the side: engine / reference)."""
+    from .compare import compare_states
+
     if len(results) != len(calls):
-        return False, float("inf"), f"{len(results)} results for {len(calls)} sequences"
+        return False, math.inf, f"{len(results)} results for {len(calls)} sequences"
     worst = 0.0
     for j, (res, ids) in enumerate(zip(results, calls)):
         if list(res["input_ids"].tolist()) != list(ids):
-            return False, float("inf"), f"sequence {j}: input_ids differ from the input"
+            return False, math.inf, f"sequence {j}: input_ids differ from the input"
         states = res["hidden_states"]
         if len(states) != len(layer_ids):
-            return False, float("inf"), f"sequence {j}: {len(states)} layers, expected {len(layer_ids)}"
+            return False, math.inf, f"sequence {j}: {len(states)} layers, expected {len(layer_ids)}"
         ref = reference(ids)
         for layer, got, want in zip(layer_ids, states, ref):
-            if tuple(got.shape) != tuple(want.shape):
-                return False, float("inf"), (f"sequence {j} layer {layer}: rows {tuple(got.shape)} "
-                                             f"!= {tuple(want.shape)}")
-            worst = max(worst, float((got.float() - want.float()).abs().max()))
-    return worst <= TOLERANCE, worst, f"max|diff|={worst:.2e} over {len(calls)} sequences"
+            c = compare_states(got, want, tolerance=TOLERANCE, sides=("engine", "reference"))
+            if not c.ok:
+                return False, math.inf, f"sequence {j} layer {layer}: {c.detail}"
+            assert c.max_abs_diff is not None
+            worst = max(worst, c.max_abs_diff)  # finite: compare_states refused every non-finite value
+    return True, worst, f"max|diff|={worst:.2e} over {len(calls)} sequences"
 
 
 def prefer_non_mla(text_cfg: Any) -> None:
@@ -90,7 +97,25 @@ def prefer_non_mla(text_cfg: Any) -> None:
 
 def run_checks(model_dir: str, max_model_len: int = 2048, seed: int = 0,
                only: Sequence[str] | None = None, tensor_parallel_size: int = 1) -> Iterator[Check]:
+    import os
+
     import spec_compat  # noqa: F401  (registry applied before speculators is imported)
+
+    from .shims.inputs import NONFINITE_VAR, NONFINITE_WARN
+
+    # the compare below checks both sides for NaN/inf and names the side (engine / reference):
+    # generator-input-checks only warns about the engine's, unless the caller set the switch
+    saved_nonfinite = os.environ.get(NONFINITE_VAR)
+    os.environ.setdefault(NONFINITE_VAR, NONFINITE_WARN)
+    try:
+        yield from _run_checks(model_dir, max_model_len, seed, only, tensor_parallel_size)
+    finally:
+        if saved_nonfinite is None:
+            os.environ.pop(NONFINITE_VAR, None)
+
+
+def _run_checks(model_dir: str, max_model_len: int, seed: int, only: Sequence[str] | None,
+                tensor_parallel_size: int) -> Iterator[Check]:
     from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
     from transformers import AutoConfig
 

@@ -713,14 +713,17 @@ class GenerateInFittingBatches(Patch):
 class GeneratorInputChecks(Patch):
     """speculators 0.3-0.4 (generator:228/251) passes token ids to the engine unchecked and cuts
     sequences over ``max_model_len - 1`` silently; rows lost on the way (upstream #279) go
-    unnoticed.  Bad ids now raise before the engine, truncation is logged, rows are counted."""
+    unnoticed, and NaN/inf states are returned (and saved) as they are (upstream checks them since
+    #615).  Bad ids now raise before the engine, truncation is logged, rows are counted, non-finite
+    values are counted per result and layer (``SPEC_COMPAT_NONFINITE``: raise, or warn)."""
 
     id = "generator-input-checks"
-    summary = ("generate() inputs checked before the engine (empty, non-int, out-of-vocabulary ids), "
-               "truncation logged with counts, every result's rows counted")
     proof = Proof("guard", "tests/engine/test_generator_inputs.py::test_lost_rows_raise_instead_of_passing_silently", r"FAIL chunked-8x2000: sequence \d+ layer \d+: shape engine \[\d+, \d+\] != reference \[\d+, \d+\]", also_off=("keep-unfinished-prefill", "capture-per-request", "rows-by-request-id"))
+    summary = ("generate() inputs checked before the engine (empty, non-int, out-of-vocabulary ids), "
+               "truncation logged with counts, every result's rows counted, NaN/inf captured values "
+               "counted per result and layer: an error (SPEC_COMPAT_NONFINITE=warn: a warning with the counts)")
     upstream = ("speculators 0.3.0-0.4.x generator: ids[:max_len] truncates silently, bad ids reach vLLM; "
-                "issue #279: lost rows go unnoticed")
+                "issue #279: lost rows go unnoticed; NaN/inf states saved silently (checked upstream since #615)")
     fixes = ("#279",)
     target = f"{GEN}:VllmHiddenStatesGenerator"
     requires = {"speculators": ">=0.3,<0.5"}
@@ -731,7 +734,9 @@ class GeneratorInputChecks(Patch):
             raise TargetChanged("generate() no longer truncates with ids[:max_len]")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ..shims.inputs import check_inputs, check_results
+        import os
+
+        from ..shims.inputs import NONFINITE_VAR, check_finite, check_inputs, check_results, parse_nonfinite
 
         cls = module.VllmHiddenStatesGenerator
         inner = cls.generate
@@ -744,9 +749,11 @@ class GeneratorInputChecks(Patch):
             except Exception:  # noqa: BLE001 - an unreadable vocabulary size only skips the range check
                 vocab = None
             max_len = model_config.max_model_len - 1
+            nonfinite = parse_nonfinite(os.environ.get(NONFINITE_VAR), pid)  # a bad switch fails before the engine
             seqs, _ = check_inputs(token_ids, vocab, max_len, pid)
             results = inner(self, seqs)
             check_results(results, seqs, max_len, pid)
+            check_finite(results, pid, nonfinite, getattr(self, "layer_ids", None))
             return results
 
         changes.setattr(cls, "generate", generate)

@@ -4,7 +4,13 @@ speculators hands token ids to the engine as given: a float or negative id, an i
 outside the vocabulary or an empty sequence fails deep inside vLLM (or not at all),
 and a sequence longer than ``max_model_len - 1`` is cut without a word.  These
 helpers check a batch before any request exists, say what truncation dropped, and
-check every result's rows afterwards.  Pure Python: no torch import.
+check every result's rows afterwards and count the non-finite values in every captured layer
+(speculators 0.3/0.4 write NaN/inf states to disk without a word; upstream added that check later,
+#615).  Pure Python apart from :func:`check_finite`, which imports torch when it runs.
+
+``SPEC_COMPAT_NONFINITE`` (read at every ``generate`` call, before the engine runs):
+``raise`` (default) - a captured NaN/+inf/-inf raises :class:`NonFiniteStatesError` naming the
+sequence, layer and count; ``warn`` - the counts are logged as a warning and the states returned.
 """
 
 from __future__ import annotations
@@ -14,9 +20,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..switches import SwitchError
 from .capture import RowCountError
 
 log = logging.getLogger("spec_compat")
+
+#: environment switch: what a non-finite captured value does (``raise`` or ``warn``)
+NONFINITE_VAR = "SPEC_COMPAT_NONFINITE"
+NONFINITE_RAISE = "raise"
+NONFINITE_WARN = "warn"
+
+
+class NonFiniteStatesError(RuntimeError):
+    """Captured hidden states hold NaN or +-inf (saved, they would poison the training data)."""
 
 
 class GeneratorInputError(ValueError):
@@ -125,3 +141,51 @@ def check_results(results: Sequence[dict], seqs: Sequence[Sequence[int]], max_le
                 raise RowCountError(
                     f"spec_compat[{patch_id}]: sequence {j} lost rows: layer {k} has {int(h.shape[0])} rows for "
                     f"{len(want)} tokens (upstream issue #279's silent class)")
+
+
+def parse_nonfinite(raw: str | None, patch_id: str) -> str:
+    """``SPEC_COMPAT_NONFINITE``: unset or empty is ``raise``; ``raise`` / ``warn`` (any case);
+    anything else raises :class:`~spec_compat.switches.SwitchError` naming the variable."""
+    text = (raw or "").strip().lower()
+    if not text:
+        return NONFINITE_RAISE
+    if text in (NONFINITE_RAISE, NONFINITE_WARN):
+        return text
+    raise SwitchError(f"spec_compat[{patch_id}]: {NONFINITE_VAR}={raw!r}: expected '{NONFINITE_RAISE}' (default: "
+                      f"a NaN/inf in captured states is an error) or '{NONFINITE_WARN}' (log the counts, keep "
+                      "the states)")
+
+
+def check_finite(results: Sequence[dict], patch_id: str, mode: str,
+                 layer_ids: Sequence[int] | None = None) -> int:
+    """Count the non-finite values (NaN, +inf, -inf) of every result's captured layers; with any,
+    raise :class:`NonFiniteStatesError` naming the first sequence, layer and count (``mode``
+    ``raise``) or log a warning with the counts (``warn``).  Returns the total count.  Layers are
+    named by ``layer_ids`` when they match the captured layers, else by their position."""
+    import torch
+
+    found: list[tuple[int, int, int, int]] = []  # (sequence, layer, non-finite, values)
+    for j, res in enumerate(results):
+        layers = res["hidden_states"]
+        names = list(layer_ids) if layer_ids is not None and len(layer_ids) == len(layers) else range(len(layers))
+        for name, h in zip(names, layers):
+            if not (h.is_floating_point() or h.is_complex()):
+                continue
+            finite = torch.isfinite(h)
+            if bool(finite.all()):
+                continue
+            found.append((j, int(name), h.numel() - int(finite.sum()), h.numel()))
+    if not found:
+        return 0
+    total = sum(f[2] for f in found)
+    j, layer, n, size = found[0]
+    where = (f"sequence {j} layer {layer}: {n} of {size} captured values are non-finite (NaN/inf); "
+             f"{len(found)} layer result(s) in {len({f[0] for f in found})} of {len(results)} sequence(s), "
+             f"{total} values in all")
+    if mode == NONFINITE_WARN:
+        log.warning("spec_compat[%s]: %s (%s=%s: returned as they are); per sequence/layer: %s", patch_id, where,
+                    NONFINITE_VAR, NONFINITE_WARN,
+                    ", ".join(f"{s}/{la}: {c}" for s, la, c, _ in found[:20]) + (" ..." if len(found) > 20 else ""))
+        return total
+    raise NonFiniteStatesError(f"spec_compat[{patch_id}]: {where} (speculators would save them; "
+                               f"{NONFINITE_VAR}={NONFINITE_WARN} logs them instead)")

@@ -19,6 +19,7 @@ pytest.importorskip("speculators")
 from torch.nn.attention.flex_attention import create_block_mask, create_mask, flex_attention  # noqa: E402
 
 import spec_compat  # noqa: E402,F401
+from spec_compat.compare import compare_identical, compare_states  # noqa: E402
 from spec_compat.shims.attention import dense_mask, sdpa_with_block_mask  # noqa: E402
 
 T = 256  # two 128-token blocks
@@ -52,18 +53,19 @@ def test_forward_equals_flex_attention(dtype, tol):
         q, k, v = _qkv(T * (step + 1), dtype, seed=step)
         ref = flex_attention(q, k, v, block_mask=bm, enable_gqa=True, scale=0.25)
         got = sdpa_with_block_mask(q, k, v, bm, scale=0.25, enable_gqa=True)
-        assert (ref - got).abs().max().item() < tol, f"ttt step {step}"
+        c = compare_states(got, ref, tolerance=tol)
+        assert c, f"ttt step {step}: {c.detail}"
 
 
 def test_dense_mask_matches_torch_create_mask_and_the_draft_diagonals():
     mod, masks = _masks()
-    assert torch.equal(dense_mask(masks[0], T, T)[0, 0], create_mask(mod, None, None, T, T, device="cpu")[0, 0])
+    assert compare_identical(dense_mask(masks[0], T, T)[0, 0], create_mask(mod, None, None, T, T, device="cpu")[0, 0])
     ext = dense_mask(masks[2], T, 3 * T)[0, 0]
     q = torch.arange(T)
     for step in (1, 2):
         block = ext[:, step * T:(step + 1) * T]
         # every query - padding included - sees exactly its own draft token of that step
-        assert torch.equal(block, torch.diag(torch.ones(T, dtype=torch.bool))), step
+        assert compare_identical(block, torch.diag(torch.ones(T, dtype=torch.bool))), step
     # causal within documents, nothing across them
     assert ext[100, 70] and ext[30, 0] and not ext[70, 30] and not ext[70, 100]
     assert ext[q, q].all()
@@ -90,7 +92,8 @@ def test_backward_equals_autograd_of_plain_attention():
     ref = _reference_attention(q2, k2, v2, mask, 0.25)
     ref_grads = torch.autograd.grad((ref * w).sum(), (q2, k2, v2))
     for a, b in zip(grads, ref_grads, strict=True):
-        assert (a - b).abs().max().item() < 1e-10
+        c = compare_states(a, b, tolerance=1e-10)
+        assert c, c.detail
 
 
 def test_gradcheck_extended_mask():
@@ -117,7 +120,8 @@ def test_registered_attention_is_the_fallback_on_cpu():
     out.sum().backward()  # flex attention itself has no CPU backward
     assert q.grad is not None and torch.isfinite(q.grad).all()
     ref = flex_attention(q.detach(), k.detach(), v.detach(), block_mask=masks[0], enable_gqa=True, scale=0.25)
-    assert (out.detach() - ref.transpose(1, 2)).abs().max().item() < 2e-6
+    c = compare_states(out.detach(), ref.transpose(1, 2), tolerance=2e-6)
+    assert c, c.detail
 
 
 def test_compiled_flex_attention_has_no_cpu_backward_but_the_fallback_does():
@@ -134,4 +138,5 @@ def test_compiled_flex_attention_has_no_cpu_backward_but_the_fallback_does():
     q2, k2, v2 = (t.detach().clone().requires_grad_() for t in (q, k, v))
     flex_attention(q2, k2, v2, block_mask=bm, scale=0.25).sum().backward()  # eager flex: CPU backward exists
     for a, b in ((q.grad, q2.grad), (k.grad, k2.grad), (v.grad, v2.grad)):
-        assert (a - b).abs().max().item() < 1e-5
+        c = compare_states(a, b, tolerance=1e-5)
+        assert c, c.detail

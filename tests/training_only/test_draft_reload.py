@@ -8,15 +8,16 @@ from __future__ import annotations
 
 def test_saved_draft_reloads_with_speculators_loader(llama_dir, tmp_path):
     import t1_steps
-    import torch
     from safetensors.torch import load_file
     from speculators.models.eagle3 import Eagle3DraftModel
+
+    from spec_compat.compare import compare_identical
 
     draft = t1_steps.build_draft(t1_steps.build_config(llama_dir))
     draft.save_pretrained(tmp_path)
     saved = load_file(str(tmp_path / "model.safetensors"))
     loaded = Eagle3DraftModel.from_pretrained(str(tmp_path))
     state = loaded.state_dict()
-    assert saved and all(torch.equal(state[k].to(v.dtype), v) for k, v in saved.items())
-    assert int(loaded.t2d.sum()) == int(draft.t2d.sum()) and torch.equal(loaded.d2t, draft.d2t)
+    assert saved and all(compare_identical(state[k].to(v.dtype), v) for k, v in saved.items())
+    assert int(loaded.t2d.sum()) == int(draft.t2d.sum()) and compare_identical(loaded.d2t, draft.d2t)
     t1_steps.forward(loaded)  # the attention implementation survives the reload

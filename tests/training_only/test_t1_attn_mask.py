@@ -8,6 +8,7 @@ import importlib.util
 
 import pytest
 
+from spec_compat.compare import compare_identical
 from spec_compat.shims.attn_mask import prepare_4d_causal_attention_mask
 
 CASES = [
@@ -58,7 +59,7 @@ def test_mask_positions(case, dtype_name):
     mask, embeds = inputs(torch, batch, query_len, past, padding, dtype)
     got = prepare_4d_causal_attention_mask(mask, (batch, query_len), embeds, past, sliding_window=window)
     assert got.dtype == dtype and got.shape == (batch, 1, query_len, past + query_len)
-    assert torch.equal(got, expected_mask(torch, batch, query_len, past, window, padding, dtype))
+    assert compare_identical(got, expected_mask(torch, batch, query_len, past, window, padding, dtype), allow_inf=True)
 
 
 def test_four_d_and_shape_errors():
@@ -67,7 +68,7 @@ def test_four_d_and_shape_errors():
     four_d = torch.tensor([[[[1, 0, 0], [1, 1, 0], [0, 1, 1]]]])
     got = prepare_4d_causal_attention_mask(four_d, (1, 3), embeds, 0)
     low = torch.finfo(torch.float32).min
-    assert torch.equal(got, torch.where(four_d.bool(), 0.0, low))
+    assert compare_identical(got, torch.where(four_d.bool(), 0.0, low), allow_inf=True)
     with pytest.raises(ValueError, match="4-D attention mask should be of shape"):
         prepare_4d_causal_attention_mask(four_d, (1, 2), embeds, 0)
     with pytest.raises(ValueError, match="2-D attention mask should be of shape"):
@@ -87,4 +88,5 @@ def test_same_as_transformers_own_where_it_exists(case):
     mask, embeds = inputs(torch, batch, query_len, past, padding, torch.float32)
     ours = prepare_4d_causal_attention_mask(mask, (batch, query_len), embeds, past, sliding_window=window)
     theirs = _prepare_4d_causal_attention_mask(mask, (batch, query_len), embeds, past, sliding_window=window)
-    assert torch.equal(ours, theirs)
+    c = compare_identical(ours, theirs, allow_inf=True)
+    assert c, c.detail

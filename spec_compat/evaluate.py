@@ -30,6 +30,11 @@ log = logging.getLogger("spec_compat")
 
 EVAL_PROMPTS = Path(__file__).with_name("data") / "eval_prompts.jsonl"
 _METRIC = "vllm:spec_decode_"
+#: counted by vLLM's output processor (the frontend), not by the scheduler's spec-decode stats:
+#: one inter-token-latency observation per request output after the request's first token
+#: (one per decode step that gave the request tokens), and every token delivered
+_OUTPUT_STEPS = "vllm:inter_token_latency_seconds"
+_OUTPUT_TOKENS = "vllm:generation_tokens"
 
 
 class EvaluateError(ValueError):
@@ -51,6 +56,14 @@ class EvalResult:
     output_tokens: int
     first_mismatch: dict[str, int] | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    #: the same run seen from the outputs, independently of the spec-decode counters above:
+    #: ``decode_steps`` (per-request outputs after the first token, counted by vLLM's output
+    #: processor; each verifies one draft), ``generation_tokens`` (tokens it delivered) and the
+    #: accepted tokens they imply: every decode step delivers 1 + its accepted tokens, except
+    #: that a request's last step drops what passes max_tokens (at most k), so
+    #: ``accepted_tokens_min`` = output tokens - prompts - decode steps and
+    #: ``accepted_tokens_max`` = that + k x prompts.  None where the engine lacks those metrics.
+    from_outputs: dict[str, int] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -162,6 +175,10 @@ def _counters(llm: Any) -> dict[str, Any]:
         if m.name.startswith(_METRIC):
             key = m.name[len(_METRIC):]
             got[key] = list(m.values) if hasattr(m, "values") else m.value
+        elif m.name == _OUTPUT_STEPS:
+            got["output_steps"] = got.get("output_steps", 0) + int(m.count)
+        elif m.name == _OUTPUT_TOKENS:
+            got["output_tokens"] = got.get("output_tokens", 0) + int(m.value)
     return got
 
 
@@ -259,6 +276,13 @@ def summarise(base: list[list[int]], spec: list[list[int]], before: dict[str, An
             j = next((n for n, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             mismatch = {"prompt": i, "position": j}
             break
+    output_tokens = sum(len(s) for s in spec)
+    from_outputs = None
+    if "output_steps" in after and "output_tokens" in after:
+        steps = delta("output_steps")
+        kept = output_tokens - len(spec) - steps
+        from_outputs = {"decode_steps": steps, "generation_tokens": delta("output_tokens"),
+                        "accepted_tokens_min": kept, "accepted_tokens_max": kept + k * len(spec)}
     return EvalResult(
         lossless=mismatch is None and len(base) == len(spec),
         drafts=drafts, draft_tokens=draft_tokens, accepted_tokens=accepted,
@@ -266,7 +290,7 @@ def summarise(base: list[list[int]], spec: list[list[int]], before: dict[str, An
         mean_acceptance_length=1.0 + accepted / drafts if drafts else 1.0,
         per_position=[n / drafts if drafts else 0.0 for n in per_pos],
         per_position_accepted=per_pos, k=k, prompts=len(base),
-        output_tokens=sum(len(s) for s in spec), first_mismatch=mismatch, seconds=seconds or {})
+        output_tokens=output_tokens, first_mismatch=mismatch, seconds=seconds or {}, from_outputs=from_outputs)
 
 
 def table(res: EvalResult) -> str:
@@ -285,6 +309,10 @@ def table(res: EvalResult) -> str:
         ("mean acceptance length", f"{res.mean_acceptance_length:.3f}"),
         ("per position", pos),
     ]
+    if res.from_outputs:
+        f = res.from_outputs
+        rows.append(("decode steps (outputs)", f"{f['decode_steps']} ({f['generation_tokens']} tokens delivered; "
+                     f"accepted tokens implied {f['accepted_tokens_min']}..{f['accepted_tokens_max']})"))
     if res.seconds:
         rows.append(("generate wall time (s)", ", ".join(f"{k} {v}" for k, v in res.seconds.items())))
     return "\n".join(f"{a:<24}{b}" for a, b in rows)

@@ -72,17 +72,33 @@ def run_evaluate(target: Path, draft: Path, *extra: str, disable: str | None = N
 
 
 def assert_consistent(res: dict) -> None:
-    """The counters agree with each other (vLLM proposes k tokens per draft; a position is
-    accepted only after every earlier one)."""
-    k = res["k"]
+    """The scheduler's spec-decode counters agree with each other (vLLM proposes k tokens per
+    draft; a position is accepted only after every earlier one) and with the run seen from its
+    outputs (``from_outputs``: the output processor's per-request steps and the token lists), so
+    evaluate's figures are checked against counts it did not compute them from."""
+    k, prompts = res["k"], res["prompts"]
+    print("evaluate:", json.dumps(res, sort_keys=True))
     assert res["drafts"] > 0
     assert res["draft_tokens"] == res["drafts"] * k
     assert len(res["per_position_accepted"]) == k
     assert sum(res["per_position_accepted"]) == res["accepted_tokens"]
     pos = res["per_position_accepted"]
     assert all(a >= b for a, b in zip(pos, pos[1:])), pos
-    assert res["mean_acceptance_length"] == pytest.approx(1 + res["accepted_tokens"] / res["drafts"])
-    assert res["acceptance_rate"] == pytest.approx(res["accepted_tokens"] / res["draft_tokens"])
+    out = res["from_outputs"]
+    assert out is not None, "evaluate read no output-side metrics from this vLLM"
+    steps = out["decode_steps"]
+    # every decode step verifies one draft: scheduler's drafts == output processor's steps
+    assert res["drafts"] == steps, (res["drafts"], out)
+    assert out["generation_tokens"] == res["output_tokens"], out
+    # a step delivers 1 + its accepted tokens; a request's last step drops up to k past max_tokens
+    kept = res["output_tokens"] - prompts - steps
+    assert (out["accepted_tokens_min"], out["accepted_tokens_max"]) == (kept, kept + k * prompts), out
+    assert kept <= res["accepted_tokens"] <= kept + k * prompts, (res["accepted_tokens"], out)
+    # evaluate's rates within the bounds the outputs give (tokens per decode step, incl. the bonus)
+    eps = 1e-9
+    assert (kept + steps) / steps - eps <= res["mean_acceptance_length"] <= (kept + k * prompts + steps) / steps + eps
+    assert kept / (k * steps) - eps <= res["acceptance_rate"] <= (kept + k * prompts) / (k * steps) + eps
+    assert kept / steps - eps <= sum(res["per_position"]) <= (kept + k * prompts) / steps + eps
 
 
 def _save_identity_vocab(out: Path, vocab: int) -> Path:

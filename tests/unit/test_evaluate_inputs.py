@@ -113,3 +113,16 @@ def test_summarise_takes_counter_deltas_and_finds_the_first_mismatch():
     assert not diff.lossless and diff.first_mismatch == {"prompt": 1, "position": 1}
     shorter = summarise(same, [[1, 2], [4, 5]], before, after, k=3)
     assert not shorter.lossless and shorter.first_mismatch == {"prompt": 0, "position": 2}
+
+
+def test_summarise_reports_the_run_seen_from_the_outputs():
+    """``from_outputs``: the output processor's decode steps and delivered tokens (deltas), and
+    the accepted tokens they imply (output tokens - prompts - steps, up to k more per prompt
+    for what a last step dropped past max_tokens); None where vLLM lacks those metrics."""
+    before = {"num_drafts": 0, "output_steps": 7, "output_tokens": 100}
+    after = {"num_drafts": 5, "output_steps": 12, "output_tokens": 110}
+    spec = [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10]]  # 10 tokens, 2 prompts
+    res = summarise(spec, spec, before, after, k=3)
+    assert res.from_outputs == {"decode_steps": 5, "generation_tokens": 10,
+                                "accepted_tokens_min": 3, "accepted_tokens_max": 9}
+    assert summarise(spec, spec, {"num_drafts": 0}, {"num_drafts": 5}, k=3).from_outputs is None

@@ -3,7 +3,7 @@
 * ``prove(pid)`` (fixture): the :class:`~spec_compat.proof.ProofRun` of the patch a proof test
   proves; after the test passed, it must have disabled exactly the declared ids and asserted
   the declared symptom (and its absence with the patch on), else the test errors.
-* Collection: a proof item (a test named by some patch's ``proof.test``, parametrized with that
+* Collection: a proof item (marked ``proof``: ``-m proof`` runs the proofs alone) (a test named by some patch's ``proof.test``, parametrized with that
   patch's ``pid``) gets its key (:func:`spec_compat.proof.proof_key`) as a junit property, which
   ``matrix/record`` stores with the pass.  With ``SPEC_COMPAT_PROOFS=changed`` (``matrix/test``,
   CI) a proof item whose key equals the one recorded at its last pass in this cell is skipped,
@@ -74,6 +74,7 @@ def pytest_collection_modifyitems(config, items):
         versions = versions or _versions()
         patch_file = Path(sys.modules[type(patch).__module__].__file__).resolve()
         key, _files = proof_key(patch.id, patch.proof, patch_file, ROOT, versions)
+        item.add_marker(pytest.mark.proof)
         item.user_properties.append(("proof_key", key))
         item.user_properties.append(("proof_pid", patch.id))
         last = recorded.get(item.nodeid)

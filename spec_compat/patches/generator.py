@@ -766,6 +766,7 @@ class DriverTorchThreads(Patch):
     those copies took ten times as long as alone; extraction ran at 0.84-0.89 of plain prefill."""
 
     id = "driver-torch-threads"
+    proof = Proof("optimization", "tests/engine/test_handoff_engine.py::test_handoff_rows_equal_the_pickled_path", benchmark="benchmarks/results/capture_overhead_llama_driver_threads_4rounds.json")
     summary = ("CPU platform: generate() runs with SPEC_COMPAT_DRIVER_THREADS (default 1) torch threads "
                "in the driver; the caller's count is restored after each call")
     upstream = ("speculators 0.3.0 generator:283 per-sequence clone() in the driver, split over torch's "
@@ -773,7 +774,6 @@ class DriverTorchThreads(Patch):
     target = f"{GEN}:VllmHiddenStatesGenerator"
     requires = {"speculators": SPEC_03, "vllm": ">=0.16,<0.17"}  # the cell that measured it (P2)
 
-    proof = Proof("optimization", "tests/engine/test_handoff_engine.py::test_handoff_rows_equal_the_pickled_path", benchmark="benchmarks/results/capture_overhead_llama_driver_threads_4rounds.json")
     def check(self, module: ModuleType) -> None:
         import os
 

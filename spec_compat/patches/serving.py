@@ -55,7 +55,7 @@ class CpuRunnerSpeculativeConfig(Patch):
     engine start ("spec decode is not supported")."""
 
     id = "cpu-runner-speculative-config"
-    proof = Proof("fails", SERVING, r"TODO", using="llama")
+    proof = Proof("fails", SERVING, r"AssertionError: spec decode is not supported\.", using="llama")
     summary = "the CPU model runner is built with a speculative config (its other setup unchanged)"
     upstream = "vLLM 0.15/0.16 v1/worker/cpu_model_runner.py:25 assert self.speculative_config is None"
     target = f"{CPU_RUNNER}:CPUModelRunner"
@@ -105,7 +105,7 @@ class CpuRunnerLoadsDrafter(Patch):
     ``load_model``) never run on CPU -> the drafter has no weights."""
 
     id = "cpu-runner-loads-drafter"
-    proof = Proof("fails", SERVING, r"TODO", using="llama")
+    proof = Proof("fails", SERVING, r"AssertionError: All drafting layers should belong to the same kv cache group", using="llama")
     summary = "CPUModelRunner.load_model also loads the drafter and sets the target's EAGLE-3 aux layers"
     upstream = "vLLM 0.15/0.16 v1/worker/cpu_model_runner.py load_model: no drafter.load_model / set_aux_hidden_state_layers"
     target = f"{CPU_RUNNER}:CPUModelRunner"
@@ -154,7 +154,7 @@ class CpuDraftTokenCopy(Patch):
     stream placeholders have no ``wait_stream`` and there is no current stream."""
 
     id = "cpu-draft-token-copy"
-    proof = Proof("fails", SERVING, r"TODO", using="llama")
+    proof = Proof("fails", SERVING, r"in _copy_draft_token_ids_to_cpu\n(?:.*\n)*?.*RuntimeError: Found no NVIDIA driver on your system", using="llama")
     summary = "draft token ids and valid sampled counts are copied synchronously on the CPU runner"
     upstream = "vLLM 0.15/0.16 v1/worker/gpu_model_runner.py _copy_draft_token_ids_to_cpu / _copy_valid_sampled_token_count use torch.cuda.stream"
     target = f"{CPU_RUNNER}:CPUModelRunner"
@@ -244,7 +244,7 @@ class CpuRejectionSampler(_TorchKernels):
     disabled and the first verification step raises."""
 
     id = "cpu-rejection-sampler"
-    proof = Proof("fails", SERVING, r"TODO", using="llama")
+    proof = Proof("fails", SERVING, r"rejection_greedy_sample_kernel\[\(batch_size,\)\]\((?:.*\n)*?.*TypeError: .function. object is not subscriptable", using="llama")
     summary = "rejection sampling kernels run as torch code on the CPU platform"
     upstream = "vLLM 0.15/0.16 v1/sample/rejection_sampler.py: rejection_*_kernel[grid] are Triton-only"
     target = "vllm.v1.sample.rejection_sampler:rejection_greedy_sample_kernel"
@@ -264,7 +264,7 @@ class CpuEaglePaddedBatch(_TorchKernels):
     sample); on CPU they raise after the first verification step."""
 
     id = "cpu-eagle-padded-batch"
-    proof = Proof("fails", SERVING, r"TODO", using="llama")
+    proof = Proof("fails", SERVING, r"in prepare_next_token_ids_padded\n(?:.*\n)*?.*AttributeError: module .triton. has no attribute .next_power_of_2.", using="llama")
     summary = "EAGLE's padded-batch preparation kernels run as torch code on the CPU platform"
     upstream = "vLLM 0.15/0.16 v1/spec_decode/eagle.py:922,962 eagle_prepare_*_padded_kernel[grid] are Triton-only"
     target = "vllm.v1.spec_decode.eagle:eagle_prepare_inputs_padded_kernel"
@@ -294,7 +294,7 @@ class Eagle3DeepseekAllowList(Patch):
     refused ("Eagle3 is only supported for ...") before anything loads."""
 
     id = "eagle3-deepseek-allow-list"
-    proof = Proof("fails", SERVING, r"TODO", using="deepseek-v3")
+    proof = Proof("fails", SERVING, r"Eagle3 is only supported for \[.*\] models\. Got self\.target_model_config\.hf_text_config\.model_type='deepseek_v3'", using="deepseek-v3")
     summary = "the speculative config accepts EAGLE-3 for deepseek_v2/v3 and kimi_k2/k25 targets"
     upstream = "vLLM <=0.16 config/speculative.py:689 eagle3_target_supported excludes deepseek_v3 (S1)"
     fixes = ("S1",)
@@ -406,7 +406,7 @@ class Eagle3DeepseekAuxStates(Patch):
     "Model does not support EAGLE3 interface" at load (added upstream in 0.18)."""
 
     id = "eagle3-deepseek-aux-states"
-    proof = Proof("fails", SERVING, r"TODO", using="deepseek-v3")
+    proof = Proof("fails", SERVING, r"RuntimeError: spec_compat\[cpu-runner-loads-drafter\]: DeepseekV3ForCausalLM does not collect EAGLE-3 aux hidden states \(no SupportsEagle3\)", using="deepseek-v3")
     summary = "DeepseekV2ForCausalLM (and V3) returns EAGLE-3 aux hidden states: inputs of the chosen layers"
     upstream = "vLLM <0.18 model_executor/models/deepseek_v2.py: no SupportsEagle3 (S1)"
     fixes = ("S1",)
@@ -430,7 +430,7 @@ class Eagle3KimiK25Delegation(Patch):
     (and, on 0.15, ``get_language_model().model``, which the bare text model lacks)."""
 
     id = "eagle3-kimi-k25-aux-states"
-    proof = Proof("fails", SERVING, r"TODO", using="kimi-k25")
+    proof = Proof("fails", SERVING, r"AttributeError: 'KimiK25Config' object has no attribute 'image_token_index'", using="kimi-k25")
     summary = ("KimiK25ForConditionalGeneration returns EAGLE-3 aux hidden states of its text model's layers; "
                "its config names image_token_index for the drafter")
     upstream = "vLLM <0.18 model_executor/models/kimi_k25.py: no SupportsEagle3 on the wrapper (S1)"

@@ -96,7 +96,7 @@ class VerifierConfigTextModel(Patch):
     and DeepseekV3Config's ``head_dim`` is the rope size (64 heads x 64 instead of x 112)."""
 
     id = "verifier-config-text-model"
-    proof = Proof("fails", TRAINING, r"TODO", using="kimi-k25")
+    proof = Proof("fails", TRAINING, r"in _setup_embeddings_and_lm_heads\n(?:.*\n)*?ValueError: The repository \S+ contains custom code which must be executed to correctly load the model", using="kimi-k25")
     fixes = ("T2",)
     summary = ("speculators' training code and stock scripts get the verifier's text-model config: remote "
                "code trusted for a path whose config.json declares it (speculators' own generator already "
@@ -141,7 +141,7 @@ class VerifierWeightsWrapperPrefix(Patch):
     wrapper prefix and returned under the requested name."""
 
     id = "verifier-weights-wrapper-prefix"
-    proof = Proof("fails", TRAINING, r"TODO None of the requested tensor names were found", using="kimi-k25")
+    proof = Proof("fails", TRAINING, r"ValueError: None of the requested tensor names were found in the index\.", using="kimi-k25")
     fixes = ("T2",)
     summary = ("verifier tensors that speculators asks for by their text-model name are found under a "
                "multimodal wrapper's 'language_model.' prefix when the plain name is absent")
@@ -211,7 +211,7 @@ class TrainDeviceWithoutCuda(Patch):
     accelerator.  Without one, the process trains on "cpu" (gloo process group under torchrun)."""
 
     id = "train-device-without-cuda"
-    proof = Proof("fails", TRAINING, r"TODO RuntimeError: Found no NVIDIA driver on your system", using="llama")
+    proof = Proof("fails", TRAINING, r"d2t = torch\.from_numpy\(np\.load\(d2t_path\)\)\.to\(device\)\n(?:.*\n)*?RuntimeError: Found no NVIDIA driver on your system", using="llama")
     fixes = ("T3",)
     summary = ("without an accelerator, maybe_setup_distributed returns as local rank the device name 'cpu' "
                "that compares equal to the rank number, and under torchrun starts a gloo process group; "
@@ -718,7 +718,7 @@ class DraftReloadsWithSpeculatorsLoader(Patch):
     The constructor accepts them and builds placeholder maps that the saved d2t/t2d replace."""
 
     id = "draft-reloads-with-speculators-loader"
-    proof = Proof("fails", "tests/engine/test_training.py::test_reload_needs_shim", r"TODO TypeError: .*unexpected keyword argument 'verifier'")
+    proof = Proof("fails", "tests/engine/test_training.py::test_reload_needs_shim", r"TypeError: Eagle3DraftModel.__init__\(\) got an unexpected keyword argument 'verifier'")
     fixes = ("T4",)
     summary = ("Eagle3DraftModel accepts the loader's verifier/verifier_attachment_mode arguments and, "
                "without t2d/d2t, placeholder maps of the config's sizes that the checkpoint's own overwrite")

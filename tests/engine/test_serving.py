@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from spec_compat import REGISTRY
+from spec_compat.proof import proof_cases
 
-from conftest import ROOT
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.engine
 
@@ -42,19 +43,10 @@ def _serving_unsupported() -> str | None:
     return serving_unsupported()
 
 
-#: serving patch -> fixture whose serving exposes its failure
-SERVING_EXPOSED_BY = {
-    "cpu-runner-speculative-config": "llama",
-    "cpu-runner-loads-drafter": "llama",
-    "cpu-draft-token-copy": "llama",
-    "cpu-rejection-sampler": "llama",
-    "cpu-eagle-padded-batch": "llama",
-    "eagle3-deepseek-allow-list": "deepseek-v3",
-    "eagle3-deepseek-aux-states": "deepseek-v3",
-    "eagle3-kimi-k25-aux-states": "kimi-k25",
-}
 CPU_ONLY = {"cpu-runner-speculative-config", "cpu-runner-loads-drafter", "cpu-draft-token-copy",
             "cpu-rejection-sampler", "cpu-eagle-padded-batch"}
+#: the short evaluation every serving proof runs (with the patch off, and once per fixture on)
+PROOF_ARGS = ("--limit", "2", "--max-tokens", "16")
 
 
 def run_evaluate(target: Path, draft: Path, *extra: str, disable: str | None = None, timeout: int = 900):
@@ -180,18 +172,36 @@ def test_deepseek_v3_target_serves_losslessly(fixture_dir, untrained_draft):
     assert_consistent(res)
 
 
+@pytest.fixture(scope="module")
+def patched_evaluate(fixture_dir, untrained_draft):
+    """``patched_evaluate(fixture)``: the proofs' evaluation with every patch on, once per fixture."""
+    done: dict[str, tuple] = {}
+
+    def get(model: str):
+        if model not in done:
+            done[model] = run_evaluate(fixture_dir(model), untrained_draft(model), *PROOF_ARGS)
+        return done[model]
+
+    return get
+
+
 @pytest.mark.vllm_only
-@pytest.mark.parametrize("pid", sorted(SERVING_EXPOSED_BY))
-def test_fails_with_only_this_serving_shim_disabled(fixture_dir, untrained_draft, pid):
+@pytest.mark.parametrize("pid", proof_cases("test_fails_with_only_this_serving_shim_disabled"))
+def test_fails_with_only_this_serving_shim_disabled(fixture_dir, untrained_draft, patched_evaluate, prove, pid):
+    proof = prove(pid)
     if not _needed(pid):
         pytest.skip(f"{pid} is not needed in this environment")
     if pid in CPU_ONLY and not _on_cpu():
         pytest.skip("a CPU-platform shim")
-    model = SERVING_EXPOSED_BY[pid]
+    model = proof.proof.using
     target, draft = fixture_dir(model), untrained_draft(model)
-    proc, res = run_evaluate(target, draft, "--limit", "2", "--max-tokens", "16", disable=pid)
+    proc, res = run_evaluate(target, draft, *PROOF_ARGS, disable=proof.disable)
     print(proc.stdout[-2000:], proc.stderr[-3000:])
     assert proc.returncode != 0, f"evaluate passed with {pid} disabled: {res}"
+    proof.assert_symptom(proc.stdout + proc.stderr)
+    on, on_res = patched_evaluate(model)
+    assert on.returncode == 0 and on_res["lossless"], on.stderr[-3000:]
+    proof.assert_absent(on.stdout + on.stderr)
 
 
 _SERVED_FEATURES = r"""

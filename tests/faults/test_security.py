@@ -32,7 +32,7 @@ TRUST_SITES = {
     "patches/training.py:VerifierConfigTextModel.install.from_pretrained":
         "verifier-config-text-model: speculators' training code (or a script built on speculators) loading a "
         "config.json that declares auto_map.AutoConfig - speculators' training code itself never trusts",
-    "selftest.py:run_checks":
+    "selftest.py:_run_checks":
         "spec-compat selftest: the model dir that the stock generator loads with trust_remote_code=True "
         "in the same command",
     "demo.py:_verifier_text_config":

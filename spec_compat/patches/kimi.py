@@ -67,7 +67,7 @@ class KimiK25DeviceWithoutCuda(Patch):
     that call, kimi_k25's ``torch.cuda.current_device()`` names the platform device."""
 
     id = "kimi-k25-device-without-cuda"
-    proof = Proof("fails", SELFTEST, r"TODO Found no NVIDIA driver on your system", using="kimi-k25 short")
+    proof = Proof("fails", SELFTEST, r"self\.device = torch\.cuda\.current_device\(\)\n(?:.*\n)*?.*RuntimeError: Found no NVIDIA driver on your system", using="kimi-k25 short")
     fixes = ("K4",)
     summary = ("without CUDA, the Kimi-K2.5 model's constructor puts its vision tower and projector on the "
                "platform device (CPU) instead of torch.cuda.current_device(); with CUDA unchanged")
@@ -119,7 +119,7 @@ class KimiK25LoadUnfusedQkvA(Patch):
     deepseek_v2.py:1356 does, they load into the unfused modules when no fused one exists."""
 
     id = "kimi-k25-load-unfused-qkv-a"
-    proof = Proof("fails", SELFTEST, r"TODO fused_qkv_a_proj", using="kimi-k25 short")
+    proof = Proof("fails", SELFTEST, r"KeyError: 'language_model\.layers\.\d+\.self_attn\.fused_qkv_a_proj\.weight'", using="kimi-k25 short")
     fixes = ("K5",)
     summary = ("q_a_proj / kv_a_proj_with_mqa weights load into the non-MLA attention's own modules "
                "when the model has no fused_qkv_a_proj (VLLM_MLA_DISABLE=1); otherwise vLLM's loader as is")

@@ -206,16 +206,20 @@ def _spec_compat_imports(path: Path, root: Path) -> set[Path]:
     return found
 
 
-def source_closure(paths: Iterable[Path], root: Path) -> list[Path]:
+def source_closure(paths: Iterable[Path], root: Path, into_patches: bool = True) -> list[Path]:
     """``paths`` and every spec_compat module they import, transitively (sorted).  The patch
     registry's package ``spec_compat/patches/__init__.py`` is not followed (it imports every
-    patch module: one patch's key would depend on all the others)."""
-    skip = {root / "spec_compat" / "patches" / "__init__.py", root / "spec_compat" / "__init__.py"}
+    patch module: one patch's key would depend on all the others); with ``into_patches=False``
+    no patch module is entered at all."""
+    patches_dir = root / "spec_compat" / "patches"
+    skip = {patches_dir / "__init__.py", root / "spec_compat" / "__init__.py"}
     todo = [Path(p) for p in paths]
     seen: set[Path] = set()
     while todo:
         p = todo.pop()
         if p in seen:
+            continue
+        if not into_patches and patches_dir in p.parents:
             continue
         seen.add(p)
         if p.suffix == ".py" and p not in skip:
@@ -232,7 +236,10 @@ def proof_key(pid: str, proof: Proof, patch_file: Path, root: Path,
 
     test_file = root / proof.test_file
     conftests = [d / "conftest.py" for d in test_file.parents if root in d.parents or d == root]
-    files = source_closure([patch_file, *(root / h for h in HARNESS if (root / h).is_file())], root)
+    # the harness's own imports are followed, except into the patch modules: a helper the harness
+    # borrows from one patch module must not make every proof depend on that module's patches
+    files = source_closure([patch_file], root)
+    files += source_closure([root / h for h in HARNESS if (root / h).is_file()], root, into_patches=False)
     files += [test_file, *(c for c in conftests if c.is_file())]
     h = hashlib.sha256()
     h.update(f"{pid}\n{proof!r}\n".encode())

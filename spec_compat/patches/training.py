@@ -432,13 +432,10 @@ class DraftEagerWithoutCuda(Patch):
 
 @register
 class DraftAttentionWithoutFlexBackward(Patch):
-    """speculators' draft attention (eagle3/attention.py ``flex_attention_forward``, registered
-    as 'simple_flex_attention') calls flex attention; compiled on CPU (0.3.0 compiles the draft's
-    forward unconditionally) inductor fails on it (torch 2.10: ``InductorError: IndexError``).  For
-    tensors not on CUDA the same masked attention is computed with SDPA and a dense mask built from
-    the BlockMask.  Needed only where the forward is compiled off CUDA: speculators 0.3.x with
-    ``draft-eager-without-cuda`` off (measured: with it on, stock flex attention trains eagerly);
-    0.4.x compiles only when CUDA is available, so it is not needed there."""
+    """speculators 0.3.x compiles the draft's forward everywhere; off CUDA, inductor fails on its
+    flex attention (eagle3/attention.py, torch 2.10: ``InductorError: IndexError``).  Non-CUDA
+    calls get the same masked attention via SDPA and a dense mask built from the BlockMask.
+    Needed only with ``draft-eager-without-cuda`` off; 0.4.x compiles only with CUDA."""
 
     id = "draft-attention-without-flex-backward"
     proof = Proof("fails", TRAINING, r"torch\._inductor\.exc\.InductorError: IndexError: tuple index out of range", also_off=("draft-eager-without-cuda",), using="llama")

@@ -1,6 +1,6 @@
-"""The figures README.md and tests/faults/README.md quote (test counts, suite times, disk) are
-generated from matrix/results/*.json by ``matrix/record --render``, between marker comments, so
-they cannot drift from the records or be pinned to an old commit by hand."""
+"""The figures docs/testing.md and tests/faults/README.md quote (test counts, suite times, disk)
+are generated from matrix/results/*.json by ``matrix/record --render``, between marker comments,
+so they cannot drift from the records or be pinned to an old commit by hand."""
 
 from __future__ import annotations
 
@@ -16,7 +16,11 @@ from spec_compat.tested import read_block, render_fault_figures_md, render_figur
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+TESTING_DOC = ROOT / "docs" / "testing.md"
 FAULTS_README = ROOT / "tests" / "faults" / "README.md"
+#: the files README.md's former sections moved to (docs/testing.md holds the figures block)
+DOCS = [ROOT / "docs" / f"{name}.md" for name in (
+    "usage", "switches", "patches", "testing", "kimi-k25", "serving", "training", "transformers5", "cpu-engine")]
 
 
 def _results() -> list[dict]:
@@ -36,9 +40,15 @@ def _in_ci() -> list[str]:
     return [name for name, c in mod.CELLS.items() if c.in_ci]
 
 
-def test_readme_figures_are_the_records():
-    assert read_block(README.read_text(), "figures") == render_figures_md(_results(), _in_ci()), \
-        "README.md's figures block is out of date: run matrix/record --render"
+def _testing_figures(results: list[dict], in_ci: list[str]) -> str:
+    """The block as matrix/record writes it into docs/testing.md: the repository-root link to
+    matrix/RESULTS.md made relative to docs/."""
+    return render_figures_md(results, in_ci).replace("](matrix/", "](../matrix/")
+
+
+def test_testing_doc_figures_are_the_records():
+    assert read_block(TESTING_DOC.read_text(), "figures") == _testing_figures(_results(), _in_ci()), \
+        "docs/testing.md's figures block is out of date: run matrix/record --render"
 
 
 def test_fault_readme_figures_are_the_records():
@@ -46,12 +56,14 @@ def test_fault_readme_figures_are_the_records():
         "tests/faults/README.md's figures block is out of date: run matrix/record --render"
 
 
-@pytest.mark.parametrize("path,block", [(README, "figures"), (FAULTS_README, "fault-figures")])
+@pytest.mark.parametrize("path,block", [(README, None), (FAULTS_README, "fault-figures")]
+                         + [(doc, "figures" if doc == TESTING_DOC else None) for doc in DOCS],
+                         ids=lambda v: str(v.relative_to(ROOT)) if isinstance(v, Path) else str(v))
 def test_no_hand_written_run_figures_outside_the_generated_block(path, block):
     """Counts of a test run ("281 passed", "7 xfailed") and CI timings belong in the generated
     block; anywhere else in the file they go stale with the next run."""
     text = path.read_text()
-    outside = replace_block(text, block, "")
+    outside = replace_block(text, block, "") if block else text
     found = re.findall(r"\b\d+ (?:passed|failed|skipped|xfailed)\b|Measured CI", outside)
     assert not found, f"{path.relative_to(ROOT)}: run figures outside the generated block: {found}"
 

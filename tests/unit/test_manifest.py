@@ -39,7 +39,7 @@ def _expected() -> tuple[tuple[str, ...], tuple[str, ...]]:
 def test_manifest_matches_the_registry():
     ids, modules = _expected()
     assert (_manifest.PATCH_IDS, _manifest.TARGET_MODULES) == (ids, modules), (
-        "spec_compat/_manifest.py is out of date; paste:\nPATCH_IDS = " + repr(ids)
+        "spec_compat/_manifest.py is out of date: run tools/regenerate, which writes:\nPATCH_IDS = " + repr(ids)
         + "\nTARGET_MODULES = " + repr(modules))
 
 

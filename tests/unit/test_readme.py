@@ -25,7 +25,7 @@ def test_patch_table_matches_registry():
     start = text.index("\n", start) + 1
     end = text.index("<!-- patch-table:end")
     assert text[start:end].strip() == patch_table().strip(), (
-        "docs/patches.md's patch table is out of date: paste the output of `spec-compat patches --markdown`"
+        "docs/patches.md's patch table is out of date: run tools/regenerate (it writes `spec-compat patches --markdown`)"
     )
 
 

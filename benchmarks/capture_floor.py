@@ -51,7 +51,7 @@ def main() -> int:
 
     import torch
 
-    from spec_compat.compare import compare_identical
+    from spec_compat.verify.compare import compare_identical
     from spec_compat.shims.handoff import SegmentedCapture, materialize
 
     torch.set_num_threads(a.threads)

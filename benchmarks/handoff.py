@@ -271,7 +271,7 @@ def worker_main(ctrl: Any, data_conn: Any, cfg: dict) -> None:
 def run_p4(cfg: dict, variants: list[str], repeats: int) -> dict:
     import torch
 
-    from spec_compat.compare import compare_identical
+    from spec_compat.verify.compare import compare_identical
     from spec_compat.shims.capture import assemble_in_order
     from spec_compat.shims.handoff import materialize
 

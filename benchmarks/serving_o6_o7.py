@@ -34,7 +34,7 @@ def step(name: str, kwargs: dict, disable: str = "") -> dict:
     env = {k: v for k, v in os.environ.items() if k != "SPEC_COMPAT_DISABLE"}
     if disable:
         env["SPEC_COMPAT_DISABLE"] = disable
-    proc = subprocess.run([sys.executable, "-m", "spec_compat.demo", name, json.dumps(kwargs)], env=env,
+    proc = subprocess.run([sys.executable, "-m", "spec_compat.cli.demo", name, json.dumps(kwargs)], env=env,
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"step {name} failed:\n{proc.stderr[-4000:]}")
@@ -54,8 +54,8 @@ def main() -> int:
 
     import spec_compat  # noqa: F401
     from spec_compat import installed_versions
-    from spec_compat.demo import DEMO_DATA, _extract, _preprocess, _vocab_mapping
-    from spec_compat.evaluate import evaluate, regenerate_chats
+    from spec_compat.cli.demo import DEMO_DATA, _extract, _preprocess, _vocab_mapping
+    from spec_compat.cli.evaluate import evaluate, regenerate_chats
     from spec_compat.fixtures import build
 
     out = Path(args.out).resolve()

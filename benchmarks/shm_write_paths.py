@@ -47,7 +47,7 @@ def main() -> int:
 
     import torch
 
-    from spec_compat.compare import compare_identical
+    from spec_compat.verify.compare import compare_identical
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)

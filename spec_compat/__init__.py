@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 
-from ._versions import installed_versions
-from .registry import REGISTRY, NotNeeded, PatchError, Record, Status, TargetChanged
-from .switches import SwitchError
+from .core.versions import installed_versions
+from .core.registry import REGISTRY, NotNeeded, PatchError, Record, Status, TargetChanged
+from .core.switches import SwitchError
 
 __version__ = "0.1.0"
 __all__ = [
@@ -63,8 +63,8 @@ def _apply_at_import() -> None:
     target module is imported (at once if one already is)."""
     import sys
 
-    from . import switches
-    from ._manifest import PATCH_IDS, TARGET_MODULES
+    from .core import switches
+    from .core.manifest import PATCH_IDS, TARGET_MODULES
 
     switches.disabled_ids(PATCH_IDS)
     switches.strict()

@@ -22,7 +22,7 @@ def register() -> None:
 
         apply()
     except Exception as exc:  # a plugin that raises would be skipped by vLLM anyway
-        from . import switches
+        from .core import switches
 
         try:
             strict = switches.strict()
@@ -35,7 +35,7 @@ def register() -> None:
 
 def cpu_platform() -> str | None:
     try:
-        from ._versions import in_range, installed_version
+        from .core.versions import in_range, installed_version
         from .patches.platform import VllmCpuPlatformDetection, detection_fails
 
         if _named_in_disable(VllmCpuPlatformDetection.id):

@@ -1,10 +1,10 @@
-"""Proof-of-need bookkeeping for every test directory (see :mod:`spec_compat.proof`).
+"""Proof-of-need bookkeeping for every test directory (see :mod:`spec_compat.core.proof`).
 
-* ``prove(pid)`` (fixture): the :class:`~spec_compat.proof.ProofRun` of the patch a proof test
+* ``prove(pid)`` (fixture): the :class:`~spec_compat.core.proof.ProofRun` of the patch a proof test
   proves; after the test passed, it must have disabled exactly the declared ids and asserted
   the declared symptom (and its absence with the patch on), else the test errors.
 * Collection: a proof item (marked ``proof``: ``-m proof`` runs the proofs alone) (a test named by some patch's ``proof.test``, parametrized with that
-  patch's ``pid``) gets its key (:func:`spec_compat.proof.proof_key`) as a junit property, which
+  patch's ``pid``) gets its key (:func:`spec_compat.core.proof.proof_key`) as a junit property, which
   ``matrix/record`` stores with the pass.  With ``SPEC_COMPAT_PROOFS=changed`` (``matrix/test``,
   CI) a proof item whose key equals the one recorded at its last pass in this cell is skipped,
   naming that pass; ``matrix/run`` alone runs every proof.
@@ -44,9 +44,9 @@ def _patch_of(item: pytest.Item):
 
 
 def _versions() -> dict[str, str | None]:
-    from spec_compat._versions import installed_version
+    from spec_compat.core.versions import installed_version
 
-    from spec_compat.proof import KEY_DISTRIBUTIONS
+    from spec_compat.core.proof import KEY_DISTRIBUTIONS
 
     return {d: installed_version(d) for d in KEY_DISTRIBUTIONS}
 
@@ -59,7 +59,7 @@ def _recorded(cell: str) -> dict[str, dict]:
 def pytest_collection_modifyitems(config, items):
     import sys
 
-    from spec_compat.proof import proof_key
+    from spec_compat.core.proof import proof_key
 
     mode = os.environ.get("SPEC_COMPAT_PROOFS", "all")
     if mode not in ("all", "changed"):
@@ -89,7 +89,7 @@ def prove(request):
     """``prove(pid)`` -> the ProofRun of the patch this proof test proves (checked after the test)."""
     from spec_compat import REGISTRY
     from spec_compat import patches  # noqa: F401
-    from spec_compat.proof import ProofRun
+    from spec_compat.core.proof import ProofRun
 
     runs: list[ProofRun] = []
 

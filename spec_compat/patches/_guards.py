@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from ..registry import TargetChanged
+from ..core.registry import TargetChanged
 
 
 def source(obj: Any, where: str) -> str:
@@ -53,7 +53,7 @@ def has_attrs(obj: Any, where: str, *names: str) -> None:
 
 
 def attr(module: Any, name: str) -> Any:
-    from ..bindings import original
+    from ..core.bindings import original
 
     if not hasattr(module, name):
         raise TargetChanged(f"{module.__name__} has no attribute {name!r}")

@@ -1,7 +1,7 @@
 """Driver-side patches: speculators' hidden-state generator on newer vLLM.
 
 They act on names that ``vllm_hidden_states_generator`` bound at import (see
-:mod:`spec_compat.bindings`), so vLLM itself stays untouched for every other
+:mod:`spec_compat.core.bindings`), so vLLM itself stays untouched for every other
 caller in the process.  Worker-side patches live in :mod:`.worker`.
 """
 
@@ -13,9 +13,9 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from .. import bindings
-from ..proof import Proof, SELFTEST
-from ..registry import Changes, NotNeeded, Patch, TargetChanged, register
+from ..core import bindings
+from ..core.proof import Proof, SELFTEST
+from ..core.registry import Changes, NotNeeded, Patch, TargetChanged, register
 from . import _guards as g
 
 log = logging.getLogger("spec_compat")

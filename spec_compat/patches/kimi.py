@@ -14,8 +14,8 @@ import functools
 from types import ModuleType
 from typing import Any
 
-from ..proof import Proof, SELFTEST
-from ..registry import Changes, Patch, TargetChanged, register
+from ..core.proof import Proof, SELFTEST
+from ..core.registry import Changes, Patch, TargetChanged, register
 from . import _guards as g
 
 KIMI = "vllm.model_executor.models.kimi_k25"

@@ -14,9 +14,9 @@ import logging
 from types import ModuleType
 from typing import Any
 
-from .._versions import providers
-from ..proof import Proof
-from ..registry import Changes, NotNeeded, Patch, TargetChanged, register
+from ..core.versions import providers
+from ..core.proof import Proof
+from ..core.registry import Changes, NotNeeded, Patch, TargetChanged, register
 from . import _guards as g
 
 log = logging.getLogger("spec_compat")

@@ -9,9 +9,9 @@ import logging
 from types import ModuleType
 from typing import Any
 
-from .._naming import through
-from ..proof import Proof
-from ..registry import Changes, Patch, TargetChanged, register
+from ..core.naming import through
+from ..core.proof import Proof
+from ..core.registry import Changes, Patch, TargetChanged, register
 from ..shims.device import accelerator_available
 from . import _guards as g
 

@@ -18,8 +18,8 @@ import textwrap
 from types import ModuleType
 from typing import Any
 
-from ..proof import Proof, SERVING
-from ..registry import Changes, NotNeeded, Patch, TargetChanged, register
+from ..core.proof import Proof, SERVING
+from ..core.registry import Changes, NotNeeded, Patch, TargetChanged, register
 from . import _guards as g
 
 CPU_RUNNER = "vllm.v1.worker.cpu_model_runner"

@@ -26,8 +26,8 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from ..proof import Proof, T1_STEPS
-from ..registry import Changes, Patch, TargetChanged, register
+from ..core.proof import Proof, T1_STEPS
+from ..core.registry import Changes, Patch, TargetChanged, register
 from ..shims import hf_config
 from . import _guards as g
 

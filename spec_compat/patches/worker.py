@@ -11,8 +11,8 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from ..proof import Proof, SELFTEST
-from ..registry import Changes, Patch, register
+from ..core.proof import Proof, SELFTEST
+from ..core.registry import Changes, Patch, register
 from . import _guards as g
 
 CW = "speculators.data_generation.custom_worker"
@@ -307,8 +307,8 @@ def _driver_reads_descriptors() -> bool:
     The worker inherits the driver's environment; with that patch disabled a descriptor would
     reach stock speculators unread and its segment would stay in /dev/shm, so the worker keeps
     the pickled reply."""
-    from .._manifest import PATCH_IDS
-    from ..switches import disabled_ids
+    from ..core.manifest import PATCH_IDS
+    from ..core.switches import disabled_ids
 
     return "rows-by-request-id" not in disabled_ids(PATCH_IDS)
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..switches import SwitchError
+from ..core.switches import SwitchError
 from .capture import RowCountError
 
 log = logging.getLogger("spec_compat")
@@ -145,7 +145,7 @@ def check_results(results: Sequence[dict], seqs: Sequence[Sequence[int]], max_le
 
 def parse_nonfinite(raw: str | None, patch_id: str) -> str:
     """``SPEC_COMPAT_NONFINITE``: unset or empty is ``raise``; ``raise`` / ``warn`` (any case);
-    anything else raises :class:`~spec_compat.switches.SwitchError` naming the variable."""
+    anything else raises :class:`~spec_compat.core.switches.SwitchError` naming the variable."""
     text = (raw or "").strip().lower()
     if not text:
         return NONFINITE_RAISE

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from ..switches import SwitchError
+from ..core.switches import SwitchError
 
 #: environment switch: torch threads of the driver while ``generate()`` runs
 DRIVER_THREADS_VAR = "SPEC_COMPAT_DRIVER_THREADS"
@@ -31,7 +31,7 @@ _saved: int | None = None
 
 def parse_driver_threads(raw: str | None) -> int | None:
     """The switch's value: a thread count >= 1, ``None`` for ``keep``; unset or empty is the
-    default (1).  Anything else raises :class:`~spec_compat.switches.SwitchError`."""
+    default (1).  Anything else raises :class:`~spec_compat.core.switches.SwitchError`."""
     text = (raw or "").strip().lower()
     if not text:
         return DEFAULT_THREADS

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from spec_compat import REGISTRY
-from spec_compat.proof import proof_cases
+from spec_compat.core.proof import proof_cases
 
 pytestmark = pytest.mark.engine
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from spec_compat._versions import installed_version, release_of
+from spec_compat.core.versions import installed_version, release_of
 
 pytestmark = pytest.mark.engine
 

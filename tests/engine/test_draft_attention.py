@@ -19,7 +19,7 @@ pytest.importorskip("speculators")
 from torch.nn.attention.flex_attention import create_block_mask, create_mask, flex_attention  # noqa: E402
 
 import spec_compat  # noqa: E402,F401
-from spec_compat.compare import compare_identical, compare_states  # noqa: E402
+from spec_compat.verify.compare import compare_identical, compare_states  # noqa: E402
 from spec_compat.shims.attention import dense_mask, sdpa_with_block_mask  # noqa: E402
 
 T = 256  # two 128-token blocks

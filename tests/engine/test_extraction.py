@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from spec_compat.selftest import TOLERANCE, compare, workloads
+from spec_compat.cli.selftest import TOLERANCE, compare, workloads
 
 pytestmark = pytest.mark.engine
 WORKLOADS = workloads(vocab=512, seed=0)
@@ -21,9 +21,9 @@ def engine(request, fixture_dir):
     from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
     from transformers import AutoConfig
 
-    from spec_compat.reference import load_reference_model
-    from spec_compat.selftest import prefer_non_mla
-    from spec_compat.testing import pinned_dtype
+    from spec_compat.verify.reference import load_reference_model
+    from spec_compat.cli.selftest import prefer_non_mla
+    from spec_compat.verify.settings import pinned_dtype
 
     model_dir = str(fixture_dir(request.param))
     cfg = AutoConfig.from_pretrained(model_dir, trust_remote_code=True)
@@ -38,7 +38,7 @@ def engine(request, fixture_dir):
 
 @pytest.mark.parametrize("name", list(WORKLOADS))
 def test_matches_transformers(engine, name):
-    from spec_compat.reference import reference_states
+    from spec_compat.verify.reference import reference_states
 
     gen, ref, layer_ids = engine
     for batch in WORKLOADS[name]:
@@ -56,7 +56,7 @@ def test_chunked_batch_runs_out_of_input_order(engine):
     exposes F10): on vLLM >= 0.11.1 a prompt continues its chunked prefill in a step
     where new prompts join; on 0.11.0 deferred prompts come back in reverse.
     (5x2000 does not.)  Values stay exact in that layout."""
-    from spec_compat.reference import reference_states
+    from spec_compat.verify.reference import reference_states
 
     gen, ref, layer_ids = engine
     steps = []

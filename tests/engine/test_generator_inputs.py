@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from spec_compat.proof import proof_cases
+from spec_compat.core.proof import proof_cases
 
 if os.environ.get("SPEC_COMPAT_REQUIRE_ENGINE") == "1":
     import hypothesis  # an engine cell installs it (matrix/cells.py TEST_REQUIREMENTS)
@@ -24,7 +24,7 @@ else:
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from spec_compat.selftest import TOLERANCE, compare  # noqa: E402
+from spec_compat.cli.selftest import TOLERANCE, compare  # noqa: E402
 
 pytestmark = pytest.mark.engine
 
@@ -47,8 +47,8 @@ def engine(llama_dir):
     from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
     from spec_compat import REGISTRY
-    from spec_compat.reference import load_reference_model
-    from spec_compat.testing import pinned_dtype
+    from spec_compat.verify.reference import load_reference_model
+    from spec_compat.verify.settings import pinned_dtype
 
     if not _applied(PID):
         pytest.skip(f"{PID} is not applied here ({REGISTRY.status(PID)})")
@@ -85,7 +85,7 @@ def _generate(gen, batch):
 
 
 def _assert_exact(results, batch, ref):
-    from spec_compat.reference import reference_states
+    from spec_compat.verify.reference import reference_states
 
     cache: dict[tuple[int, ...], list] = {}
 

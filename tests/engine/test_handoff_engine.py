@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from spec_compat import REGISTRY
-from spec_compat.proof import proof_cases
+from spec_compat.core.proof import proof_cases
 from spec_compat.shims.handoff import live_segments as _segments
 
 pytestmark = pytest.mark.engine
@@ -28,8 +28,8 @@ SCRIPT = r"""
 import json, sys, torch
 import spec_compat  # before speculators
 from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
-from spec_compat.selftest import workloads
-from spec_compat.testing import pinned_dtype
+from spec_compat.cli.selftest import workloads
+from spec_compat.verify.settings import pinned_dtype
 from spec_compat.shims import handoff
 
 calls, mapped, reused, seen = [], [], [], set()
@@ -172,7 +172,7 @@ def test_driver_reply_queues_do_not_spin(llama_dir, prove, pid):
     code = (
         "import hashlib, spec_compat\n"
         "from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator\n"
-        "from spec_compat.testing import pinned_dtype\n"
+        "from spec_compat.verify.settings import pinned_dtype\n"
         "if __name__ == '__main__':\n"
         "    with pinned_dtype('float32'):\n"
         f"        gen = VllmHiddenStatesGenerator({str(llama_dir)!r}, layer_ids=[1, 2, 3], max_model_len=1024)\n"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from spec_compat import REGISTRY
-from spec_compat.proof import proof_cases
+from spec_compat.core.proof import proof_cases
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,7 +38,7 @@ def _result(proc: subprocess.CompletedProcess) -> dict:
 
 
 def _step(step: str, disable: str | None = None, **kwargs) -> subprocess.CompletedProcess:
-    return _run(["-m", "spec_compat.demo", step, json.dumps({k: str(v) if isinstance(v, Path) else v
+    return _run(["-m", "spec_compat.cli.demo", step, json.dumps({k: str(v) if isinstance(v, Path) else v
                                                             for k, v in kwargs.items()})], disable=disable)
 
 
@@ -85,7 +85,7 @@ def test_vllm_reads_the_aux_layers_from_the_saved_draft(demo, model):
     from vllm.transformers_utils.config import get_config
 
     from spec_compat import installed_versions
-    from spec_compat._versions import in_range
+    from spec_compat.core.versions import in_range
 
     if in_range(installed_versions()["vllm"], "<0.15"):
         # checked on vLLM 0.11.0: its SpeculatorsConfig has no eagle_aux_hidden_state_layer_ids
@@ -228,7 +228,7 @@ def test_torchrun_two_cpu_ranks_fsdp(demo, tmp_path, prove, pid):
     args = json.dumps({"model_dir": res["model_dir"], "data_dir": res["data_dir"], "vocab_dir": res["vocab_dir"],
                        "save": str(tmp_path / "fsdp"), "epochs": 1})
     cmd = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-           "-m", "spec_compat.demo", "train", args]
+           "-m", "spec_compat.cli.demo", "train", args]
     on = _run(cmd, disable=proof.baseline)
     assert on.returncode == 0, on.stderr[-4000:]
     proof.assert_absent(on.stderr)

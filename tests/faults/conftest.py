@@ -13,7 +13,9 @@ import pytest
 from faults_helpers import Background
 from faults_support import FakeMetadata, RealTargets, full_run_command, import_targets, records_of, target_state
 
-from spec_compat import REGISTRY, _versions, bindings
+from spec_compat import REGISTRY
+from spec_compat.core import bindings
+from spec_compat.core import versions as _versions
 
 _REAL_METADATA = _versions._metadata()  # loaded now: tests swap it for fakes
 HERE = Path(__file__).resolve().parent

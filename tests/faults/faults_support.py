@@ -19,8 +19,9 @@ import pytest
 from faults_helpers import Background, child_env
 
 import spec_compat  # noqa: F401  (before anything it patches, as users do)
-from spec_compat import REGISTRY, bindings
-from spec_compat.registry import Patch
+from spec_compat import REGISTRY
+from spec_compat.core import bindings
+from spec_compat.core.registry import Patch
 
 _counter = itertools.count()
 
@@ -35,7 +36,7 @@ def unique(prefix: str) -> str:
 # -- versions -----------------------------------------------------------------
 
 class FakeMetadata:
-    """Stands in for ``importlib.metadata`` where ``spec_compat._versions`` reads it:
+    """Stands in for ``importlib.metadata`` where ``spec_compat.core.versions`` reads it:
     ``version(dist)`` answers from a mapping; an absent (or None) entry raises the real
     ``PackageNotFoundError``."""
 

@@ -26,7 +26,7 @@ from faults_support import PATCHES, copy_module, unique
 
 import spec_compat
 from spec_compat import REGISTRY
-from spec_compat.registry import Registry, Status
+from spec_compat.core.registry import Registry, Status
 
 PKG = Path(spec_compat.__file__).resolve().parent
 NAMED = re.compile(r"spec_compat\[([^\]]+)\]")
@@ -299,8 +299,8 @@ def test_binding_adapters_note_the_patches_an_upstream_failure_went_through():
     """bindings.adapt_call (factory and subclass) and wrap_method: upstream raising inside the
     adapted call keeps its type and message and gets one note naming every patch on the binding;
     an error that already names a patch gets no second mention of it."""
-    from spec_compat import bindings
-    from spec_compat.registry import Changes
+    from spec_compat.core import bindings
+    from spec_compat.core.registry import Changes
 
     class Upstream:
         def __init__(self, **kwargs):

@@ -37,7 +37,7 @@ import pytest
 from faults_support import PATCHES, RealTargets, copy_module, records_of, state_diff, target_state, unique
 
 from spec_compat import REGISTRY
-from spec_compat.registry import Patch, PatchError, Registry, Status
+from spec_compat.core.registry import Patch, PatchError, Registry, Status
 
 KINDS = ("attr-renamed", "signature-changed", "module-missing")
 #: (patch id, kind) -> status, for the ones that ran (summary: SPEC_COMPAT_FAULTS_SUMMARY=file.json)

@@ -19,8 +19,9 @@ from faults_helpers import child_env
 from faults_support import unique
 
 import spec_compat
-from spec_compat import plugin, switches
-from spec_compat.registry import Changes, Patch, PatchError, Registry, Status, TargetChanged
+from spec_compat import plugin
+from spec_compat.core import switches
+from spec_compat.core.registry import Changes, Patch, PatchError, Registry, Status, TargetChanged
 
 # -- the plugin ---------------------------------------------------------------
 
@@ -120,7 +121,7 @@ def test_plugin_in_strict_mode_raises_by_design(monkeypatch):
 
 
 def test_platform_plugin_never_raises(monkeypatch, caplog):
-    from spec_compat import _versions
+    from spec_compat.core import versions as _versions
 
     def broken(name):
         raise RuntimeError("metadata exploded")
@@ -201,7 +202,7 @@ RELOAD_THEN_TARGET = """
 import importlib, json, sys
 sys.path.insert(0, sys.argv[1])
 import spec_compat
-from spec_compat.registry import Patch
+from spec_compat.core.registry import Patch
 calls = []
 class Counting(Patch):
     \"\"\"Counts its installs.\"\"\"

@@ -8,8 +8,9 @@ import threading
 
 from faults_support import PATCHES, records_of, state_diff, target_state
 
-from spec_compat import REGISTRY, bindings
-from spec_compat.registry import Registry
+from spec_compat import REGISTRY
+from spec_compat.core import bindings
+from spec_compat.core.registry import Registry
 
 THREADS = 8
 

@@ -18,7 +18,7 @@ from faults_support import full_run_command, unique
 
 import spec_compat
 from spec_compat import REGISTRY
-from spec_compat.registry import Registry, Status
+from spec_compat.core.registry import Registry, Status
 
 PKG = Path(spec_compat.__file__).resolve().parent
 
@@ -32,15 +32,15 @@ TRUST_SITES = {
     "patches/training.py:VerifierConfigTextModel.install.from_pretrained":
         "verifier-config-text-model: speculators' training code (or a script built on speculators) loading a "
         "config.json that declares auto_map.AutoConfig - speculators' training code itself never trusts",
-    "selftest.py:_run_checks":
+    "cli/selftest.py:_run_checks":
         "spec-compat selftest: the model dir that the stock generator loads with trust_remote_code=True "
         "in the same command",
-    "demo.py:_verifier_text_config":
+    "cli/demo.py:_verifier_text_config":
         "spec-compat demo: spec-compat's own fixture (kimi-k25 ships its remote code in the package)",
-    "evaluate.py:_text_config": "spec-compat evaluate: trust = declares_remote_code(target)",
-    "evaluate.py:_engine_kwargs": "spec-compat evaluate: trust = declares_remote_code(target)",
-    "evaluate.py:evaluate": "spec-compat evaluate: trust = declares_remote_code(target)",
-    "evaluate.py:regenerate_chats": "spec-compat demo's regeneration: trust = declares_remote_code(target)",
+    "cli/evaluate.py:_text_config": "spec-compat evaluate: trust = declares_remote_code(target)",
+    "cli/evaluate.py:_engine_kwargs": "spec-compat evaluate: trust = declares_remote_code(target)",
+    "cli/evaluate.py:evaluate": "spec-compat evaluate: trust = declares_remote_code(target)",
+    "cli/evaluate.py:regenerate_chats": "spec-compat demo's regeneration: trust = declares_remote_code(target)",
 }
 
 
@@ -308,7 +308,7 @@ def test_verifier_config_trusts_only_speculators_training_on_declared_remote_cod
 
 
 def test_evaluate_uses_the_same_rule(tmp_path):
-    from spec_compat.evaluate import declares_remote_code
+    from spec_compat.cli.evaluate import declares_remote_code
 
     cases = {"auto-config": {"auto_map": {"AutoConfig": "c.C"}}, "tokenizer-only": {"auto_map": {"AutoTokenizer": "t"}},
              "plain": {"model_type": "llama"}, "malformed": None}

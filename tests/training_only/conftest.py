@@ -21,7 +21,7 @@ import pytest
 # runs uncompiled anyway).
 
 import spec_compat  # noqa: E402  (before speculators, as users do)
-from spec_compat._versions import in_range, installed_version  # noqa: E402
+from spec_compat.core.versions import in_range, installed_version  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

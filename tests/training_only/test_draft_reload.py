@@ -11,7 +11,7 @@ def test_saved_draft_reloads_with_speculators_loader(llama_dir, tmp_path):
     from safetensors.torch import load_file
     from speculators.models.eagle3 import Eagle3DraftModel
 
-    from spec_compat.compare import compare_identical
+    from spec_compat.verify.compare import compare_identical
 
     draft = t1_steps.build_draft(t1_steps.build_config(llama_dir))
     draft.save_pretrained(tmp_path)

@@ -8,7 +8,7 @@ import importlib.util
 
 import pytest
 
-from spec_compat.compare import compare_identical
+from spec_compat.verify.compare import compare_identical
 from spec_compat.shims.attn_mask import prepare_4d_causal_attention_mask
 
 CASES = [

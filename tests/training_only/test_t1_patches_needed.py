@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from spec_compat._versions import in_range, installed_version
-from spec_compat.proof import proof_cases
+from spec_compat.core.versions import in_range, installed_version
+from spec_compat.core.proof import proof_cases
 
 pytestmark = pytest.mark.t1
 

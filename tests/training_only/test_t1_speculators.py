@@ -10,9 +10,9 @@ import math
 import pytest
 
 import spec_compat
-from spec_compat._versions import in_range, installed_version
-from spec_compat.compare import compare_identical
-from spec_compat.registry import Status
+from spec_compat.core.versions import in_range, installed_version
+from spec_compat.verify.compare import compare_identical
+from spec_compat.core.registry import Status
 
 pytestmark = pytest.mark.t1
 

@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 
-from spec_compat import REGISTRY, _versions, bindings
-from spec_compat.registry import Changes, Patch, Registry
+from spec_compat import REGISTRY
+from spec_compat.core import bindings
+from spec_compat.core import versions as _versions
+from spec_compat.core.registry import Changes, Patch, Registry
 
 _counter = itertools.count()
 _REAL_DIST_VERSION = _versions._dist_version
@@ -89,7 +91,7 @@ def module_file(tmp_path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[
 @pytest.fixture
 def versions(monkeypatch: pytest.MonkeyPatch) -> Callable[[Mapping[str, str]], None]:
     """``versions({"vllm": "0.16.0", ...})``: the installed distributions, as
-    ``spec_compat._versions`` will read them (everything else is absent).  The
+    ``spec_compat.core.versions`` will read them (everything else is absent).  The
     function-scoped monkeypatch restores the real reader (LIFO with any other
     patch of it in the test); the autouse fixture clears the cache."""
     installed: dict[str, str] = {}

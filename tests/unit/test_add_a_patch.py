@@ -24,8 +24,8 @@ PATCH_MODULE = '''\
 
 from __future__ import annotations
 
-from ..proof import Proof
-from ..registry import Patch, TargetChanged, register
+from ..core.proof import Proof
+from ..core.registry import Patch, TargetChanged, register
 
 
 @register
@@ -81,7 +81,7 @@ def test_walkthrough(tmp_path):
 
     stale = _run(root, str(REGENERATE), "--check", "--root", str(root))
     assert stale.returncode == 1, stale.stderr
-    assert "out of date: spec_compat/_manifest.py" in stale.stderr
+    assert "out of date: spec_compat/core/manifest.py" in stale.stderr
     assert "out of date: docs/patches.md" in stale.stderr
     assert _greeting(root) == "hello"  # the manifest does not name walkthrough_target yet
 
@@ -91,7 +91,7 @@ def test_walkthrough(tmp_path):
     again = _run(root, str(REGENERATE), "--check", "--root", str(root))
     assert again.returncode == 0, again.stderr
 
-    manifest = (root / "spec_compat" / "_manifest.py").read_text()
+    manifest = (root / "spec_compat" / "core" / "manifest.py").read_text()
     assert '    "walkthrough-greeting",\n' in manifest and '    "walkthrough_target",\n' in manifest
     table = (root / "docs" / "patches.md").read_text()
     assert "| `walkthrough-greeting` |  | always | driver | greet() says 'hello, world' |" in table
@@ -102,7 +102,7 @@ def test_walkthrough(tmp_path):
     records = {p["id"]: p for p in json.loads(report.stdout)["patches"]}
     assert "walkthrough-greeting" in records, sorted(records)
     # the rest of the registry is untouched: every registered id still reported
-    ids = _run(root, "-c", "import spec_compat._manifest as m; print(len(m.PATCH_IDS))")
+    ids = _run(root, "-c", "import spec_compat.core.manifest as m; print(len(m.PATCH_IDS))")
     assert int(ids.stdout) == len(records)
 
 
@@ -116,9 +116,9 @@ def test_the_checkout_is_current():
 def test_report_resolves_every_target_module():
     """``report`` imports ``cli.EXTRACTION_MODULES`` to resolve pending patches: every target
     module is there, or is a package that importing one of them imports."""
-    from spec_compat import _manifest
+    from spec_compat.core import manifest as _manifest
     from spec_compat.cli import EXTRACTION_MODULES
 
     missing = [m for m in _manifest.TARGET_MODULES
                if m not in EXTRACTION_MODULES and not any(e.startswith(m + ".") for e in EXTRACTION_MODULES)]
-    assert not missing, f"add to EXTRACTION_MODULES in spec_compat/cli.py: {missing}"
+    assert not missing, f"add to EXTRACTION_MODULES in spec_compat/cli/__init__.py: {missing}"

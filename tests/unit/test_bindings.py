@@ -7,8 +7,8 @@ import inspect
 
 import pytest
 
-from spec_compat import bindings
-from spec_compat.registry import Changes, Status
+from spec_compat.core import bindings
+from spec_compat.core.registry import Changes, Status
 
 
 @dataclasses.dataclass

@@ -1,4 +1,4 @@
-"""spec_compat.compare: the one value comparison fails on NaN/+inf/-inf on either side, on shape,
+"""spec_compat.verify.compare: the one value comparison fails on NaN/+inf/-inf on either side, on shape,
 dtype and empty tensors, and passes only values within the tolerance; selftest's layer compare
 (which the extraction tests and ``spec-compat selftest`` use) names the sequence, layer and side.
 
@@ -17,8 +17,8 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from spec_compat.compare import compare_identical, compare_states  # noqa: E402
-from spec_compat.selftest import TOLERANCE, compare  # noqa: E402
+from spec_compat.verify.compare import compare_identical, compare_states  # noqa: E402
+from spec_compat.cli.selftest import TOLERANCE, compare  # noqa: E402
 
 EXAMPLES = int(os.environ.get("SPEC_COMPAT_HYPOTHESIS_EXAMPLES", "0"))
 BAD = {"NaN": math.nan, "+inf": math.inf, "-inf": -math.inf}

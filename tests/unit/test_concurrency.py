@@ -6,7 +6,7 @@ import importlib
 import threading
 import time
 
-from spec_compat.registry import Changes, Status
+from spec_compat.core.registry import Changes, Status
 
 THREADS = 8
 

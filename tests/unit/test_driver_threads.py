@@ -10,9 +10,9 @@ import threading
 import pytest
 
 from spec_compat.patches.generator import DriverTorchThreads
-from spec_compat.registry import Registry, Status
+from spec_compat.core.registry import Registry, Status
 from spec_compat.shims.threads import DRIVER_THREADS_VAR, parse_driver_threads, torch_threads
-from spec_compat.switches import SwitchError
+from spec_compat.core.switches import SwitchError
 
 torch = pytest.importorskip("torch")
 

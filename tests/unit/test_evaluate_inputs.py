@@ -8,7 +8,7 @@ import json
 import pytest
 
 from spec_compat.cli import main
-from spec_compat.evaluate import EvaluateError, load_prompts, summarise
+from spec_compat.cli.evaluate import EvaluateError, load_prompts, summarise
 
 
 class FakeTokenizer:

@@ -7,8 +7,9 @@ import re
 
 import pytest
 
-from spec_compat import REGISTRY, _versions
-from spec_compat.registry import Patch
+from spec_compat import REGISTRY
+from spec_compat.core import versions as _versions
+from spec_compat.core.registry import Patch
 
 KEBAB = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"

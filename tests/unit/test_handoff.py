@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from spec_compat.compare import compare_identical  # noqa: E402
+from spec_compat.verify.compare import compare_identical  # noqa: E402
 from spec_compat.shims.capture import PerRequestStore, RowCountError, assemble_in_order  # noqa: E402
 from spec_compat.shims.handoff import (  # noqa: E402
     HandoffDescriptor, HandoffError, SegmentedCapture, discard, live_segments, materialize, segment_prefix,

@@ -1,4 +1,4 @@
-"""``spec_compat/_manifest.py`` (what ``import spec_compat`` hooks before any patch class is
+"""``spec_compat/core/manifest.py`` (what ``import spec_compat`` hooks before any patch class is
 loaded) names exactly the registry's patch ids and target modules."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from spec_compat import REGISTRY, _manifest
+from spec_compat import REGISTRY
+from spec_compat.core import manifest as _manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,7 +40,7 @@ def _expected() -> tuple[tuple[str, ...], tuple[str, ...]]:
 def test_manifest_matches_the_registry():
     ids, modules = _expected()
     assert (_manifest.PATCH_IDS, _manifest.TARGET_MODULES) == (ids, modules), (
-        "spec_compat/_manifest.py is out of date: run tools/regenerate, which writes:\nPATCH_IDS = " + repr(ids)
+        "spec_compat/core/manifest.py is out of date: run tools/regenerate, which writes:\nPATCH_IDS = " + repr(ids)
         + "\nTARGET_MODULES = " + repr(modules))
 
 
@@ -49,7 +50,7 @@ def test_import_loads_no_patch_class_until_a_target_is_imported(tmp_path):
         "print('patches' in [m.rsplit('.', 1)[-1] for m in sys.modules if m.startswith('spec_compat.')])\n"
         "import json\n"  # not a target: nothing happens
         "print('spec_compat.patches' in sys.modules)\n"
-        "print(len(spec_compat.REGISTRY.patches()) == len(spec_compat._manifest.PATCH_IDS))\n"
+        "print(len(spec_compat.REGISTRY.patches()) == len(spec_compat.core.manifest.PATCH_IDS))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path,
                          env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"))

@@ -12,9 +12,9 @@ import math
 import pytest
 
 from spec_compat.patches.generator import GeneratorInputChecks
-from spec_compat.registry import Registry, Status
+from spec_compat.core.registry import Registry, Status
 from spec_compat.shims.inputs import NONFINITE_VAR, NonFiniteStatesError, check_finite, parse_nonfinite
-from spec_compat.switches import SwitchError
+from spec_compat.core.switches import SwitchError
 
 torch = pytest.importorskip("torch")
 

@@ -19,7 +19,7 @@ import pytest
 
 from spec_compat import REGISTRY
 from spec_compat import patches  # noqa: F401  (registers every patch)
-from spec_compat.proof import (BENCHMARK_KINDS, MEASURED, SYMPTOM_KINDS, Proof, ProofDeclarationError, ProofRun,
+from spec_compat.core.proof import (BENCHMARK_KINDS, MEASURED, SYMPTOM_KINDS, Proof, ProofDeclarationError, ProofRun,
                                proof_cases, proof_key)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,6 +108,7 @@ def _tree(tmp_path: Path) -> tuple[Path, Proof, Path]:
     root = tmp_path / "repo"
     (root / "spec_compat" / "patches").mkdir(parents=True)
     (root / "spec_compat" / "shims").mkdir()
+    (root / "spec_compat" / "cli").mkdir()
     (root / "tests" / "engine").mkdir(parents=True)
     (root / "spec_compat" / "__init__.py").write_text("")
     (root / "spec_compat" / "patches" / "__init__.py").write_text("from . import mine, other\n")
@@ -115,7 +116,7 @@ def _tree(tmp_path: Path) -> tuple[Path, Proof, Path]:
     (root / "spec_compat" / "patches" / "other.py").write_text("Y = 1\n")
     (root / "spec_compat" / "shims" / "__init__.py").write_text("")
     (root / "spec_compat" / "shims" / "helper.py").write_text("Z = 1\n")
-    (root / "spec_compat" / "selftest.py").write_text("S = 1\n")
+    (root / "spec_compat" / "cli" / "selftest.py").write_text("S = 1\n")
     (root / "tests" / "conftest.py").write_text("C = 1\n")
     (root / "tests" / "engine" / "test_x.py").write_text("def test_y(): pass\n")
     proof = Proof("fails", "tests/engine/test_x.py::test_y", "E")
@@ -141,7 +142,7 @@ def test_changing_any_input_changes_the_key(tmp_path, change):
         "shim the patch imports": root / "spec_compat/shims/helper.py",
         "proof test": root / "tests/engine/test_x.py",
         "conftest above the test": root / "tests/conftest.py",
-        "harness module": root / "spec_compat/selftest.py",
+        "harness module": root / "spec_compat/cli/selftest.py",
     }
     if change in edits:
         edits[change].write_text(edits[change].read_text() + "# changed\n")
@@ -155,8 +156,8 @@ def test_changing_any_input_changes_the_key(tmp_path, change):
 def test_another_patch_changing_keeps_the_key(tmp_path):
     """Even when the harness borrows a helper from that other patch's module."""
     root, proof, patch_file = _tree(tmp_path)
-    (root / "spec_compat" / "selftest.py").write_text("from .patches.other import Y\nS = 1\n")
+    (root / "spec_compat" / "cli" / "selftest.py").write_text("from ..patches.other import Y\nS = 1\n")
     key, files = proof_key("mine", proof, patch_file, root, VERSIONS)
-    assert "spec_compat/selftest.py" in files and "spec_compat/patches/other.py" not in files
+    assert "spec_compat/cli/selftest.py" in files and "spec_compat/patches/other.py" not in files
     (root / "spec_compat/patches/other.py").write_text("Y = 2\n")
     assert proof_key("mine", proof, patch_file, root, VERSIONS)[0] == key

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from spec_compat.tested import read_block, render_fault_figures_md, render_figures_md, replace_block
+from spec_compat.core.tested import read_block, render_fault_figures_md, render_figures_md, replace_block
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from spec_compat.registry import Changes, Registry, Status
+from spec_compat.core.registry import Changes, Registry, Status
 
 
 

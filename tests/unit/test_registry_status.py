@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from spec_compat import _versions
-from spec_compat.registry import Changes, Record, Status, TargetChanged
+from spec_compat.core import versions as _versions
+from spec_compat.core.registry import Changes, Record, Status, TargetChanged
 
 
 
@@ -462,7 +462,7 @@ def test_resolve_pending_keeps_pending_when_import_fails(registry, make_patch, m
 def test_guard_not_needed_leaves_target_untouched(registry, fake_module, make_patch):
     """A guard may decide at import time that this process does not need the shim
     (e.g. a CPU-only shim on a GPU platform): not-needed with its reason, nothing touched."""
-    from spec_compat.registry import NotNeeded
+    from spec_compat.core.registry import NotNeeded
 
     mod = fake_module(Thing=Thing)
 

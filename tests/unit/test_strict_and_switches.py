@@ -6,9 +6,9 @@ import importlib
 
 import pytest
 
-from spec_compat import switches
-from spec_compat.registry import Changes, PatchError, Patch, Registry, Status, TargetChanged
-from spec_compat.switches import SwitchError
+from spec_compat.core import switches
+from spec_compat.core.registry import Changes, PatchError, Patch, Registry, Status, TargetChanged
+from spec_compat.core.switches import SwitchError
 
 
 class Thing:

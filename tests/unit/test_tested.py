@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from spec_compat import tested
-from spec_compat.tested import TESTED_CELLS, check_outcomes, condense, load_cells, render_results_md
+from spec_compat.core import tested
+from spec_compat.core.tested import TESTED_CELLS, check_outcomes, condense, load_cells, render_results_md
 
 ROOT = Path(__file__).resolve().parents[2]
 V16 = {"speculators": "0.3.0", "vllm": "0.16.0", "transformers": "4.57.6", "torch": "2.10.0"}

@@ -27,7 +27,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from . import switches
-from ._versions import in_range, installed_version
+from .versions import in_range, installed_version
 
 if TYPE_CHECKING:
     from .proof import Proof
@@ -153,7 +153,7 @@ class Patch:
     #: (vLLM worker processes, through the plugin) or "platform"
     side: ClassVar[str] = "driver"
     #: how the need is shown: the test that disables exactly this patch and the symptom it
-    #: asserts (:mod:`spec_compat.proof`); every registered patch declares one
+    #: asserts (:mod:`spec_compat.core.proof`); every registered patch declares one
     proof: ClassVar[Proof | None] = None
 
     @property
@@ -226,7 +226,7 @@ class Registry:
         for attr in ("summary", "upstream", "target"):
             if not getattr(cls, attr, None):
                 raise ValueError(f"patch {pid}: missing {attr}")
-        from ._versions import check_spec
+        from .versions import check_spec
 
         for combo in cls.alternatives():
             for spec in combo.values():
@@ -256,7 +256,7 @@ class Registry:
         def on_target_import(_module: ModuleType) -> None:
             self.apply(environ, records=False)
 
-        from ._import_hooks import register_post_import_hook
+        from .import_hooks import register_post_import_hook
 
         for name in target_modules:
             register_post_import_hook(on_target_import, name)
@@ -331,7 +331,7 @@ class Registry:
                             continue
                         self._install(patch, module, strict)
 
-        from ._import_hooks import register_post_import_hook
+        from .import_hooks import register_post_import_hook
 
         register_post_import_hook(on_import, module_name)
 

@@ -28,7 +28,7 @@ from typing import Any
 
 log = logging.getLogger("spec_compat")
 
-EVAL_PROMPTS = Path(__file__).with_name("data") / "eval_prompts.jsonl"
+EVAL_PROMPTS = Path(__file__).parent.parent / "data" / "eval_prompts.jsonl"
 _METRIC = "vllm:spec_decode_"
 #: counted by vLLM's output processor (the frontend), not by the scheduler's spec-decode stats:
 #: one inter-token-latency observation per request output after the request's first token
@@ -95,7 +95,7 @@ def declares_remote_code(model_dir: Path) -> bool:
     """A checkpoint whose config.json names remote code: speculators' own generator loads such a
     target with ``trust_remote_code=True``; so do we, and only then (the rule of
     ``verifier-config-text-model``)."""
-    from .patches.training import _declares_remote_config
+    from ..patches.training import _declares_remote_config
 
     return _declares_remote_config(model_dir)
 
@@ -103,7 +103,7 @@ def declares_remote_code(model_dir: Path) -> bool:
 def _text_config(model_dir: Path, trust: bool) -> Any:
     from transformers import AutoConfig
 
-    from .shims.verifier import text_config
+    from ..shims.verifier import text_config
 
     return text_config(AutoConfig.from_pretrained(str(model_dir), trust_remote_code=trust))
 
@@ -216,8 +216,8 @@ def serving_unsupported() -> str | None:
 
     if torch.cuda.is_available():
         return None
-    from . import REGISTRY
-    from ._versions import installed_version
+    from .. import REGISTRY
+    from ..core.versions import installed_version
 
     needed, why = REGISTRY.get("cpu-runner-speculative-config").needed()
     if needed:

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-TESTED_CELLS = Path(__file__).with_name("data") / "tested_cells.json"
+TESTED_CELLS = Path(__file__).parent.parent / "data" / "tested_cells.json"
 #: the distributions that identify a cell
 KEYS = ("speculators", "vllm", "transformers", "torch")
 

@@ -27,7 +27,7 @@ from typing import Any
 
 log = logging.getLogger("spec_compat")
 
-DEMO_DATA = Path(__file__).with_name("data") / "demo_chat.jsonl"
+DEMO_DATA = Path(__file__).parent.parent / "data" / "demo_chat.jsonl"
 
 
 @dataclass
@@ -94,7 +94,7 @@ class _MetricCollector(logging.Handler):
 def _verifier_text_config(model_dir: Path) -> Any:
     from transformers import AutoConfig
 
-    from .shims.verifier import text_config
+    from ..shims.verifier import text_config
 
     # our own fixture: its remote code is ours
     return text_config(AutoConfig.from_pretrained(str(model_dir), trust_remote_code=True))
@@ -248,7 +248,7 @@ def run_demo(model: str = "llama", out: str | os.PathLike[str] | None = None, ep
     draft is served as EAGLE-3 speculator (``spec-compat evaluate``) on held-out prompts."""
     import spec_compat  # noqa: F401  (the registry is applied before speculators is imported)
 
-    from .fixtures import build
+    from ..fixtures import build
 
     fixture = {"llama": "llama", "kimi-k25": "kimi-k25", "kimi": "kimi-k25"}.get(model)
     if fixture is None:
@@ -309,7 +309,7 @@ def run_demo(model: str = "llama", out: str | os.PathLike[str] | None = None, ep
                                 lambda: serve_and_measure(res.model_dir, last, k=k, max_model_len=seq_len).as_dict())
 
     def report() -> None:
-        from .cli import report_data
+        from . import report_data
 
         data = report_data()
         counts: dict[str, int] = {}
@@ -365,7 +365,7 @@ def training_targets_check(model_dir: str, data_dir: str, vocab_dir: str, total_
     import torch
     from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn, list_files, standardize_data_v1
 
-    from .shims.verifier import checkpoint_names, find_prefixed, rms_norm
+    from ..shims.verifier import checkpoint_names, find_prefixed, rms_norm
 
     d2t = torch.from_numpy(np.load(Path(vocab_dir) / "d2t.npy"))
     t2d = torch.from_numpy(np.load(Path(vocab_dir) / "t2d.npy"))
@@ -391,7 +391,7 @@ def training_targets_check(model_dir: str, data_dir: str, vocab_dir: str, total_
     n = int(batch["lengths"].sum())
     got = seen[0][:, :n]
     normed = rms_norm(raw, weight, eps)[:, :n]
-    from .compare import compare_states
+    from ..verify.compare import compare_states
 
     out: dict[str, Any] = {"tokens": n}
     for key, want in (("vs_final_norm", normed), ("vs_raw", raw[:, :n])):
@@ -421,7 +421,7 @@ def save_untrained_draft(model_dir: str, vocab_dir: str, out: str, aux_layer_ids
 
 
 def _main(argv: list[str]) -> int:
-    """``python -m spec_compat.demo STEP JSON``: one step of the demo in this process (for tests)."""
+    """``python -m spec_compat.cli.demo STEP JSON``: one step of the demo in this process (for tests)."""
     step, kwargs = argv[0], json.loads(argv[1]) if len(argv) > 1 else {}
     if step == "train":
         out: Any = train_from_data(**kwargs)

@@ -7,8 +7,8 @@ import importlib
 from collections.abc import Iterator
 from typing import Any
 
-from . import bindings
-from .registry import Changes
+from ..core import bindings
+from ..core.registry import Changes
 
 GEN = "speculators.data_generation.vllm_hidden_states_generator"
 

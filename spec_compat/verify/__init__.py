@@ -1,0 +1,1 @@
+"""spec_compat/verify"""

@@ -42,12 +42,12 @@ def records() -> list[Record]:
 
 
 def _configure_log_level() -> None:
-    import os
+    from .core import switches
 
-    level = os.environ.get("SPEC_COMPAT_LOG")
-    if level:
+    level = switches.log_level()
+    if level is not None:
         logger = logging.getLogger("spec_compat")
-        logger.setLevel(level.upper())
+        logger.setLevel(level)
         if not any(not isinstance(h, logging.NullHandler) for h in logger.handlers):
             handler = logging.StreamHandler()
             handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))

@@ -52,7 +52,6 @@ def cpu_platform() -> str | None:
 
 def _named_in_disable(pid: str) -> bool:
     """Whether SPEC_COMPAT_DISABLE switches ``pid`` off (``*`` or listed)."""
-    import os
+    from .core.switches import named_in_disable
 
-    raw = os.environ.get("SPEC_COMPAT_DISABLE", "")
-    return raw.strip() == "*" or pid in [x.strip() for x in raw.split(",")]
+    return named_in_disable(pid)

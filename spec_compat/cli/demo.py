@@ -119,7 +119,7 @@ def _extract(model_dir: Path, dataset: Any, data_dir: Path, layer_ids: list[int]
     from speculators.data_generation.config_generator import DataGenerationConfig
     from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
-    from .selftest import prefer_non_mla
+    from ..verify.settings import prefer_non_mla
 
     prefer_non_mla(_verifier_text_config(model_dir))
     data_dir.mkdir(parents=True, exist_ok=True)

@@ -95,9 +95,9 @@ def declares_remote_code(model_dir: Path) -> bool:
     """A checkpoint whose config.json names remote code: speculators' own generator loads such a
     target with ``trust_remote_code=True``; so do we, and only then (the rule of
     ``verifier-config-text-model``)."""
-    from ..patches.training import _declares_remote_config
+    from ..shims.hf_config import declares_remote_config
 
-    return _declares_remote_config(model_dir)
+    return declares_remote_config(model_dir)
 
 
 def _text_config(model_dir: Path, trust: bool) -> Any:
@@ -162,7 +162,7 @@ def _prompt_ids(obj: Any, tokenizer: Any, where: str) -> list[int]:
 
 
 def _engine_kwargs(target: Path, trust: bool, max_model_len: int, eager: bool, seed: int) -> dict[str, Any]:
-    from .selftest import prefer_non_mla
+    from ..verify.settings import prefer_non_mla
 
     prefer_non_mla(_text_config(target, trust))
     return dict(model=str(target), tokenizer=str(target), trust_remote_code=trust, max_model_len=max_model_len,

@@ -84,16 +84,6 @@ def compare(results: Sequence[dict], calls: Sequence[Sequence[int]], layer_ids: 
     return True, worst, f"max|diff|={worst:.2e} over {len(calls)} sequences"
 
 
-def prefer_non_mla(text_cfg: Any) -> None:
-    """vLLM's CPU platform has no MLA backend: MLA models run with VLLM_MLA_DISABLE=1."""
-    import os
-
-    import torch
-
-    if getattr(text_cfg, "kv_lora_rank", None) and not torch.cuda.is_available():
-        if os.environ.setdefault("VLLM_MLA_DISABLE", "1") == "1":
-            log.info("spec_compat selftest: MLA model on a machine without CUDA: VLLM_MLA_DISABLE=1")
-
 
 def run_checks(model_dir: str, max_model_len: int = 2048, seed: int = 0,
                only: Sequence[str] | None = None, tensor_parallel_size: int = 1) -> Iterator[Check]:
@@ -101,7 +91,7 @@ def run_checks(model_dir: str, max_model_len: int = 2048, seed: int = 0,
 
     import spec_compat  # noqa: F401  (registry applied before speculators is imported)
 
-    from ..shims.inputs import NONFINITE_VAR, NONFINITE_WARN
+    from ..core.switches import NONFINITE_VAR, NONFINITE_WARN
 
     # the compare below checks both sides for NaN/inf and names the side (engine / reference):
     # generator-input-checks only warns about the engine's, unless the caller set the switch
@@ -120,7 +110,7 @@ def _run_checks(model_dir: str, max_model_len: int, seed: int, only: Sequence[st
     from transformers import AutoConfig
 
     from ..verify.reference import load_reference_model, reference_states
-    from ..verify.settings import pinned_dtype
+    from ..verify.settings import pinned_dtype, prefer_non_mla
 
     cfg = AutoConfig.from_pretrained(model_dir, trust_remote_code=True)
     text_cfg = getattr(cfg, "text_config", cfg)

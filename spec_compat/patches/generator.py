@@ -13,14 +13,14 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from ..core import bindings
+from ..core import bindings, switches
 from ..core.proof import Proof, SELFTEST
 from ..core.registry import Changes, NotNeeded, Patch, TargetChanged, register
 from . import _guards as g
 
 log = logging.getLogger("spec_compat")
 GEN = "speculators.data_generation.vllm_hidden_states_generator"
-SPEC_03 = ">=0.3,<0.4"
+from .ranges import SPEC_03
 
 
 @register
@@ -347,7 +347,6 @@ class RowsByRequestId(Patch):
 
 
 #: opt-in switch of patch driver-wait-yields-cpu: "spin" (default) or "sleep"
-DRIVER_WAIT_SWITCH = "SPEC_COMPAT_DRIVER_WAIT"
 
 
 @register
@@ -380,12 +379,9 @@ class DriverWaitYieldsCpu(Patch):
         g.has_attrs(timer, "SpinTimer", "spin", "record_activity")
         if "_read_spin_timer" not in g.source(shm_broadcast.MessageQueue.acquire_read, "MessageQueue.acquire_read"):
             raise TargetChanged("MessageQueue.acquire_read no longer polls through _read_spin_timer")
-        mode = os.environ.get(DRIVER_WAIT_SWITCH, "spin").strip().lower() or "spin"
-        if mode not in ("spin", "sleep"):
-            raise ValueError(f"spec_compat[{self.id}]: {DRIVER_WAIT_SWITCH}={os.environ[DRIVER_WAIT_SWITCH]!r}: "
-                             "expected 'spin' (vLLM's wait, the default) or 'sleep'")
+        mode = switches.value(switches.DRIVER_WAIT_VAR)
         if mode == "spin":
-            raise NotNeeded(f"{DRIVER_WAIT_SWITCH} is not 'sleep': vLLM's spin wait kept (faster on an idle "
+            raise NotNeeded(f"{switches.DRIVER_WAIT_VAR} is not 'sleep': vLLM's spin wait kept (faster on an idle "
                             "machine; set it to 'sleep' when other work shares the CPU)")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
@@ -422,7 +418,7 @@ def _spares_for(executor: Any) -> list[str]:
     handoff = sys.modules.get("spec_compat.shims.handoff")
     if handoff is None:  # nothing was handed over yet in this process
         return []
-    handoff.pool_bytes_from_env(os.environ.get(handoff.POOL_VAR))  # a malformed switch fails here, early
+    switches.value(switches.POOL_VAR)  # a malformed switch fails here, early
     if len(getattr(executor, "workers", None) or ()) != 1:
         return []
     return handoff.take_spares()
@@ -436,10 +432,10 @@ def _assemble(payload: Any, order: list[tuple[str, int]], recycle: bool = False)
     from ..shims.capture import assemble_in_order
 
     if type(payload).__name__ == "HandoffDescriptor":
-        from ..shims.handoff import POOL_VAR, discard, materialize, pool_bytes_from_env
+        from ..shims.handoff import discard, materialize
 
         try:
-            cap = pool_bytes_from_env(os.environ.get(POOL_VAR)) if recycle else 0
+            cap = switches.value(switches.POOL_VAR) if recycle else 0
         except ValueError:
             discard(payload)  # the segments are unlinked, not left in /dev/shm
             raise
@@ -589,7 +585,7 @@ class TokenizerTrustRemoteCode(Patch):
         changes.setattr(module, "AutoTokenizer", AutoTokenizer)
 
 
-SPEC_04 = ">=0.4,<0.5"
+from .ranges import SPEC_04
 
 
 @register
@@ -736,7 +732,7 @@ class GeneratorInputChecks(Patch):
     def install(self, module: ModuleType, changes: Changes) -> None:
         import os
 
-        from ..shims.inputs import NONFINITE_VAR, check_finite, check_inputs, check_results, parse_nonfinite
+        from ..shims.inputs import check_finite, check_inputs, check_results
 
         cls = module.VllmHiddenStatesGenerator
         inner = cls.generate
@@ -749,7 +745,7 @@ class GeneratorInputChecks(Patch):
             except Exception:  # noqa: BLE001 - an unreadable vocabulary size only skips the range check
                 vocab = None
             max_len = model_config.max_model_len - 1
-            nonfinite = parse_nonfinite(os.environ.get(NONFINITE_VAR), pid)  # a bad switch fails before the engine
+            nonfinite = switches.value(switches.NONFINITE_VAR)  # a bad switch fails before the engine
             seqs, _ = check_inputs(token_ids, vocab, max_len, pid)
             results = inner(self, seqs)
             check_results(results, seqs, max_len, pid)
@@ -779,22 +775,21 @@ class DriverTorchThreads(Patch):
 
         import torch
 
-        from ..shims.threads import DRIVER_THREADS_VAR, parse_driver_threads
 
         _generate_params(module)
         if torch.cuda.is_available():
             raise NotNeeded("CUDA platform: the driver's copies do not share the model's CPU cores")
-        if parse_driver_threads(os.environ.get(DRIVER_THREADS_VAR)) is None:
-            raise NotNeeded(f"{DRIVER_THREADS_VAR}=keep: the driver keeps torch's thread count")
+        if switches.value(switches.DRIVER_THREADS_VAR) is None:
+            raise NotNeeded(f"{switches.DRIVER_THREADS_VAR}=keep: the driver keeps torch's thread count")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
         import os
 
         import torch
 
-        from ..shims.threads import DRIVER_THREADS_VAR, parse_driver_threads, torch_threads
+        from ..shims.threads import torch_threads
 
-        n = parse_driver_threads(os.environ.get(DRIVER_THREADS_VAR))
+        n = switches.value(switches.DRIVER_THREADS_VAR)
         assert n is not None  # check() made 'keep' not-needed
         cls = module.VllmHiddenStatesGenerator
         inner = cls.generate

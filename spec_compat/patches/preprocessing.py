@@ -14,6 +14,7 @@ from ..core.proof import Proof
 from ..core.registry import Changes, Patch, TargetChanged, register
 from ..shims.device import accelerator_available
 from . import _guards as g
+from .ranges import SPEC_04
 
 log = logging.getLogger("spec_compat")
 
@@ -83,7 +84,7 @@ class DeviceNameWithoutAccelerator(Patch):
     upstream = ("speculators 0.4.x data_generation/config_generator.py _get_gpu_info -> utils/util.py "
                 "get_device_name(0) -> torch.cuda init error on a CUDA build without GPU")
     target = f"{CONFIG_GEN}:get_device_name"
-    requires = {"speculators": ">=0.4,<0.5"}
+    requires = {"speculators": SPEC_04}
 
     def check(self, module: ModuleType) -> None:
         g.has_params(g.attr(module, "get_device_name"), f"{CONFIG_GEN}.get_device_name", "idx")

@@ -11,10 +11,8 @@ pass straight through.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -22,6 +20,7 @@ from ..core.naming import through
 from ..core.proof import Proof, MEASURED, TRAINING
 from ..core.registry import Changes, Patch, TargetChanged, register
 from ..shims.device import accelerator_available
+from ..shims.hf_config import declares_remote_config
 from . import _guards as g
 
 log = logging.getLogger("spec_compat")
@@ -34,7 +33,7 @@ CHECKPOINTER = "speculators.train.checkpointer"
 AUTO_CONFIG = "transformers.models.auto.configuration_auto"
 DRAFT = "Eagle3DraftModel"
 
-SPEC_03 = ">=0.3,<0.4"
+from .ranges import SPEC_03
 SPEC_TRAIN = ">=0.3,<0.5"
 
 
@@ -79,14 +78,6 @@ def _caller_is_speculators(depth: int = 2) -> bool:
     return False
 
 
-def _declares_remote_config(path: Any) -> bool:
-    cfg = Path(str(path)) / "config.json"
-    try:
-        data = json.loads(cfg.read_text())
-    except (OSError, ValueError, TypeError):
-        return False
-    return isinstance(data.get("auto_map"), dict) and "AutoConfig" in data["auto_map"]
-
 
 @register
 class VerifierConfigTextModel(Patch):
@@ -124,7 +115,7 @@ class VerifierConfigTextModel(Patch):
         def from_pretrained(klass: Any, pretrained_model_name_or_path: Any, *args: Any, **kwargs: Any) -> Any:
             if not _caller_is_speculators():
                 return inner(klass, pretrained_model_name_or_path, *args, **kwargs)
-            if "trust_remote_code" not in kwargs and _declares_remote_config(pretrained_model_name_or_path):
+            if "trust_remote_code" not in kwargs and declares_remote_config(pretrained_model_name_or_path):
                 log.info("spec_compat: %s: loading %s with trust_remote_code=True for speculators (its generator "
                          "trusts the same path)", VerifierConfigTextModel.id, pretrained_model_name_or_path)
                 kwargs["trust_remote_code"] = True

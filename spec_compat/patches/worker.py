@@ -16,7 +16,7 @@ from ..core.registry import Changes, Patch, register
 from . import _guards as g
 
 CW = "speculators.data_generation.custom_worker"
-SPEC_03 = ">=0.3,<0.4"
+from .ranges import SPEC_03, SPEC_04
 
 
 @register
@@ -59,7 +59,7 @@ class DecoderStackLocator(Patch):
     upstream = "speculators 0.3.0 custom_worker:102 supports_eagle3 gate + model.model; 0.4.x get_language_model().model"
     fixes = ("K2",)
     target = f"{CW}:HiddenStatesWorkerExtension"
-    requires = ({"speculators": SPEC_03}, {"speculators": ">=0.4,<0.5", "vllm": "<0.16"})
+    requires = ({"speculators": SPEC_03}, {"speculators": SPEC_04, "vllm": "<0.16"})
     side = "worker"
 
     def check(self, module: ModuleType) -> None:

@@ -589,24 +589,6 @@ def reopen_pool() -> None:
 
 atexit.register(release_pool)
 
-#: environment switch: MiB of allocated segment pages the driver keeps for reuse (0: none)
-POOL_VAR = "SPEC_COMPAT_SHM_POOL_MB"
-#: opt-in: in end-to-end runs the pool made no measurable difference yet (benchmarks/RESULTS.md, P2)
-DEFAULT_POOL_MB = 0
-
-
-def pool_bytes_from_env(raw: str | None) -> int:
-    """``SPEC_COMPAT_SHM_POOL_MB``: unset or empty is the default (0: off), else a whole number of
-    MiB >= 0 (e.g. 512; 0 turns recycling off).  Anything else raises a ``ValueError`` naming the switch."""
-    text = (raw or "").strip()
-    if not text:
-        return DEFAULT_POOL_MB << 20
-    if not text.isdigit():
-        raise ValueError(f"spec_compat[capture-handoff-shm]: {POOL_VAR}={raw!r} is not a whole number of MiB "
-                         f"(0 turns segment recycling off; unset: {DEFAULT_POOL_MB})")
-    return int(text) << 20
-
-
 def _check_rows(descriptor: HandoffDescriptor | None, order: Sequence[tuple[str, int]]) -> None:
     counts = descriptor.row_counts() if descriptor is not None else {}
     check_row_counts(counts, order, "capture-handoff-shm")

@@ -119,3 +119,16 @@ class InstanceOrClassMethod:
 
     def __repr__(self) -> str:
         return f"<spec_compat: instance -> {self.for_instance!r}, class -> {self.for_class!r}>"
+
+
+def declares_remote_config(path: Any) -> bool:
+    """Whether ``path/config.json`` names its own ``AutoConfig`` class (``auto_map``): a config
+    that only loads with ``trust_remote_code`` (Kimi-K2.5's)."""
+    import json
+    from pathlib import Path
+
+    try:
+        data = json.loads((Path(str(path)) / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+    return isinstance(data.get("auto_map"), dict) and "AutoConfig" in data["auto_map"]

@@ -20,12 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.switches import SwitchError
 from .capture import RowCountError
 
 log = logging.getLogger("spec_compat")
 
-#: environment switch: what a non-finite captured value does (``raise`` or ``warn``)
+#: the ``mode`` of :func:`check_finite` (``SPEC_COMPAT_NONFINITE``, parsed in ``core.switches``)
 NONFINITE_VAR = "SPEC_COMPAT_NONFINITE"
 NONFINITE_RAISE = "raise"
 NONFINITE_WARN = "warn"
@@ -142,18 +141,6 @@ def check_results(results: Sequence[dict], seqs: Sequence[Sequence[int]], max_le
                     f"spec_compat[{patch_id}]: sequence {j} lost rows: layer {k} has {int(h.shape[0])} rows for "
                     f"{len(want)} tokens (upstream issue #279's silent class)")
 
-
-def parse_nonfinite(raw: str | None, patch_id: str) -> str:
-    """``SPEC_COMPAT_NONFINITE``: unset or empty is ``raise``; ``raise`` / ``warn`` (any case);
-    anything else raises :class:`~spec_compat.core.switches.SwitchError` naming the variable."""
-    text = (raw or "").strip().lower()
-    if not text:
-        return NONFINITE_RAISE
-    if text in (NONFINITE_RAISE, NONFINITE_WARN):
-        return text
-    raise SwitchError(f"spec_compat[{patch_id}]: {NONFINITE_VAR}={raw!r}: expected '{NONFINITE_RAISE}' (default: "
-                      f"a NaN/inf in captured states is an error) or '{NONFINITE_WARN}' (log the counts, keep "
-                      "the states)")
 
 
 def check_finite(results: Sequence[dict], patch_id: str, mode: str,

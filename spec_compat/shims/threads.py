@@ -11,37 +11,14 @@ over intra-op threads that have to wait for a core the worker holds.
 from __future__ import annotations
 
 import contextlib
-import re
 import threading
 from collections.abc import Iterator
 from typing import Any
-
-from ..core.switches import SwitchError
-
-#: environment switch: torch threads of the driver while ``generate()`` runs
-DRIVER_THREADS_VAR = "SPEC_COMPAT_DRIVER_THREADS"
-#: ``SPEC_COMPAT_DRIVER_THREADS=keep``: the caller's setting is left as it is
-KEEP = "keep"
-DEFAULT_THREADS = 1
 
 _lock = threading.Lock()
 _depth = 0
 _saved: int | None = None
 
-
-def parse_driver_threads(raw: str | None) -> int | None:
-    """The switch's value: a thread count >= 1, ``None`` for ``keep``; unset or empty is the
-    default (1).  Anything else raises :class:`~spec_compat.core.switches.SwitchError`."""
-    text = (raw or "").strip().lower()
-    if not text:
-        return DEFAULT_THREADS
-    if text == KEEP:
-        return None
-    if not re.fullmatch(r"[0-9]+", text) or int(text) < 1:
-        raise SwitchError(f"spec_compat[driver-torch-threads]: {DRIVER_THREADS_VAR}={raw!r}: expected a whole "
-                          f"number of threads >= 1 (default {DEFAULT_THREADS}) or '{KEEP}' (torch's setting "
-                          "left as it is)")
-    return int(text)
 
 
 @contextlib.contextmanager

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 from ..core import bindings
 from ..core.registry import Changes
+
+log = logging.getLogger("spec_compat")
 
 GEN = "speculators.data_generation.vllm_hidden_states_generator"
 
@@ -32,3 +35,14 @@ def pinned_dtype(dtype: str = "float32") -> Iterator[None]:
         yield
     finally:
         changes.undo()
+
+
+def prefer_non_mla(text_cfg: Any) -> None:
+    """vLLM's CPU platform has no MLA backend: MLA models run with VLLM_MLA_DISABLE=1."""
+    import os
+
+    import torch
+
+    if getattr(text_cfg, "kv_lora_rank", None) and not torch.cuda.is_available():
+        if os.environ.setdefault("VLLM_MLA_DISABLE", "1") == "1":
+            log.info("spec_compat: MLA model on a machine without CUDA: VLLM_MLA_DISABLE=1")

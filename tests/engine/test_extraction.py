@@ -22,7 +22,7 @@ def engine(request, fixture_dir):
     from transformers import AutoConfig
 
     from spec_compat.verify.reference import load_reference_model
-    from spec_compat.cli.selftest import prefer_non_mla
+    from spec_compat.verify.settings import prefer_non_mla
     from spec_compat.verify.settings import pinned_dtype
 
     model_dir = str(fixture_dir(request.param))

@@ -11,7 +11,8 @@ import pytest
 
 from spec_compat.patches.generator import DriverTorchThreads
 from spec_compat.core.registry import Registry, Status
-from spec_compat.shims.threads import DRIVER_THREADS_VAR, parse_driver_threads, torch_threads
+from spec_compat.core.switches import DRIVER_THREADS_VAR, parse_driver_threads
+from spec_compat.shims.threads import torch_threads
 from spec_compat.core.switches import SwitchError
 
 torch = pytest.importorskip("torch")

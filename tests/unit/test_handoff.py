@@ -382,9 +382,8 @@ def test_worker_keeps_the_pickled_reply_when_dev_shm_is_small(monkeypatch, caplo
 
 
 # -- recycling: segments the driver has read go back to the worker ------------------------
-from spec_compat.shims.handoff import (  # noqa: E402
-    pool_bytes_from_env, pooled_segments, release_pool, reopen_pool, take_spares,
-)
+from spec_compat.core.switches import parse_pool_bytes as pool_bytes_from_env  # noqa: E402
+from spec_compat.shims.handoff import pooled_segments, release_pool, reopen_pool, take_spares  # noqa: E402
 
 
 @pytest.fixture

@@ -13,7 +13,8 @@ import pytest
 
 from spec_compat.patches.generator import GeneratorInputChecks
 from spec_compat.core.registry import Registry, Status
-from spec_compat.shims.inputs import NONFINITE_VAR, NonFiniteStatesError, check_finite, parse_nonfinite
+from spec_compat.core.switches import NONFINITE_VAR, parse_nonfinite
+from spec_compat.shims.inputs import NonFiniteStatesError, check_finite
 from spec_compat.core.switches import SwitchError
 
 torch = pytest.importorskip("torch")

@@ -17,7 +17,6 @@ reversible (:meth:`Registry.revert`).
 
 from __future__ import annotations
 
-import enum
 import importlib
 import logging
 import sys
@@ -27,110 +26,17 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from . import switches
+from .changes import Changes
+from .records import NotNeeded, PatchError, Record, Status, TargetChanged
 from .versions import in_range, installed_version
+
+__all__ = ["Changes", "NotNeeded", "Patch", "PatchError", "Record", "Registry", "REGISTRY", "Status",
+           "TargetChanged", "register"]
 
 if TYPE_CHECKING:
     from .proof import Proof
 
 log = logging.getLogger("spec_compat")
-
-_MISSING = object()
-
-
-class Status(str, enum.Enum):
-    APPLIED = "applied"
-    NOT_NEEDED = "not-needed"
-    DISABLED = "disabled"
-    TARGET_CHANGED = "target-changed"
-    FAILED = "failed"
-    PENDING = "pending"
-
-    def __str__(self) -> str:  # pragma: no cover - trivial
-        return self.value
-
-
-class TargetChanged(Exception):
-    """Raised by a guard: the target does not have the shape the shim relies on."""
-
-
-class NotNeeded(Exception):
-    """Raised by a guard: the installed versions are in range, but this process does
-    not need the shim (e.g. a CPU-only shim on a GPU platform).  Nothing is touched."""
-
-
-class PatchError(RuntimeError):
-    """Strict mode: a patch ended ``target-changed`` or ``failed``."""
-
-
-class Record(tuple):
-    """What the registry decided for one patch: ``Record(id, status, target, reason)``
-    (immutable; compares by value).  A plain tuple subclass rather than a dataclass:
-    ``dataclasses`` (and ``inspect``) would be most of ``import spec_compat``'s cost."""
-
-    __slots__ = ()
-
-    def __new__(cls, id: str, status: Status, target: str, reason: str) -> Record:
-        return tuple.__new__(cls, (id, status, target, reason))
-
-    id = property(lambda self: self[0], doc="patch id")
-    status = property(lambda self: self[1], doc="its Status")
-    target = property(lambda self: self[2], doc="module:attribute it patches")
-    reason = property(lambda self: self[3], doc="why it has this status")
-
-    def __repr__(self) -> str:
-        return f"Record(id={self.id!r}, status={self.status!r}, target={self.target!r}, reason={self.reason!r})"
-
-    def __getnewargs__(self) -> tuple[str, Status, str, str]:
-        return (self.id, self.status, self.target, self.reason)
-
-    def as_dict(self) -> dict[str, str]:
-        return {"id": self.id, "status": self.status.value, "target": self.target, "reason": self.reason}
-
-
-class Changes:
-    """Undo log of one patch installation: every change made through it is reverted
-    by :meth:`undo`, in reverse order.  A patch that raises half-way is rolled back."""
-
-    def __init__(self, patch_id: str) -> None:
-        self.patch_id = patch_id
-        self._undo: list[Callable[[], None]] = []
-
-    def setattr(self, obj: Any, name: str, value: Any) -> None:
-        old = obj.__dict__.get(name, _MISSING) if hasattr(obj, "__dict__") else getattr(obj, name, _MISSING)
-        setattr(obj, name, value)
-
-        def restore() -> None:
-            # compare the raw attribute too: a descriptor stored on a class
-            # (staticmethod, classmethod, property) reads back as something else
-            raw = obj.__dict__.get(name, _MISSING) if hasattr(obj, "__dict__") else _MISSING
-            if raw is not value and getattr(obj, name, _MISSING) is not value:
-                log.warning(
-                    "spec_compat: %s: %r.%s was replaced by someone else since it was patched; left as is",
-                    self.patch_id, obj, name,
-                )
-                return
-            if old is _MISSING:
-                delattr(obj, name)
-            else:
-                setattr(obj, name, old)
-
-        self._undo.append(restore)
-
-    def on_undo(self, fn: Callable[[], None]) -> None:
-        self._undo.append(fn)
-
-    def undo(self) -> None:
-        errors = []
-        while self._undo:
-            fn = self._undo.pop()
-            try:
-                fn()
-            except Exception as exc:  # keep undoing the rest
-                errors.append(exc)
-                log.error("spec_compat: %s: undo step failed: %s", self.patch_id, exc)
-        if errors:
-            raise errors[0]
-
 
 class Patch:
     """Base class of a registered patch.  Subclasses set the class attributes and
@@ -155,6 +61,18 @@ class Patch:
     #: how the need is shown: the test that disables exactly this patch and the symptom it
     #: asserts (:mod:`spec_compat.core.proof`); every registered patch declares one
     proof: ClassVar[Proof | None] = None
+    #: ids of other patches whose on/off state this one reads (:meth:`uses`), instead of
+    #: parsing ``SPEC_COMPAT_DISABLE`` itself
+    depends_on: ClassVar[tuple[str, ...]] = ()
+    #: set by :meth:`Registry.register`
+    _registry: Registry | None = None
+
+    def uses(self, pid: str) -> bool:
+        """Whether ``pid`` (declared in :attr:`depends_on`) is switched on in this process."""
+        if pid not in self.depends_on:
+            raise ValueError(f"patch {self.id} reads {pid!r} without declaring it in depends_on")
+        reg = self._registry
+        return reg is not None and reg.switched_on(pid)
 
     @property
     def target_module(self) -> str:
@@ -214,6 +132,8 @@ class Registry:
         self._undecided: dict[str, set[str] | frozenset[str]] = {}
         self._generation = 0
         self._warned: set[tuple[str, Status, str]] = set()  # logged once, not on every re-apply
+        #: the ids SPEC_COMPAT_DISABLE switched off at the last apply()
+        self._disabled: frozenset[str] = frozenset()
         self._lock = threading.RLock()
 
     # -- declaration -------------------------------------------------------
@@ -231,8 +151,16 @@ class Registry:
         for combo in cls.alternatives():
             for spec in combo.values():
                 check_spec(spec)
-        self._patches[pid] = cls()
+        inst = cls()
+        inst._registry = self
+        self._patches[pid] = inst
         return cls
+
+    def switched_on(self, pid: str) -> bool:
+        """Whether ``pid`` is a declared patch not switched off by ``SPEC_COMPAT_DISABLE``
+        (as parsed at the last :meth:`apply`)."""
+        self._declared()
+        return pid in self._patches and pid not in self._disabled
 
     def patches(self) -> list[Patch]:
         self._declared()
@@ -276,6 +204,11 @@ class Registry:
         disabled = switches.disabled_ids(self._patches, environ)
         strict = switches.strict(environ)
         with self._lock:
+            self._disabled = disabled
+            for patch in self._patches.values():
+                unknown = [d for d in patch.depends_on if d not in self._patches]
+                if unknown:
+                    raise ValueError(f"patch {patch.id}: depends_on names unknown id(s) {unknown}")
             for patch in self._patches.values():
                 rec = self._records.get(patch.id)
                 if rec is not None and rec.status in (Status.APPLIED, Status.PENDING):

@@ -20,7 +20,6 @@ import logging
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 DISABLE_VAR = "SPEC_COMPAT_DISABLE"
@@ -149,11 +148,14 @@ def parse_driver_wait(raw: str | None, patch_id: str = "driver-wait-yields-cpu")
     return mode
 
 
-@dataclass(frozen=True)
 class Switch:
-    var: str
-    parse: Callable[[str | None], Any]
-    doc: str
+    """One value switch: its variable, its parser, what it sets.  (A plain class: importing
+    ``dataclasses`` would double the cost of ``import spec_compat``.)"""
+
+    __slots__ = ("var", "parse", "doc")
+
+    def __init__(self, var: str, parse: Callable[[str | None], Any], doc: str) -> None:
+        self.var, self.parse, self.doc = var, parse, doc
 
 
 #: the value switches, read through :func:`value`

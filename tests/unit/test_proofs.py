@@ -145,7 +145,7 @@ def test_changing_any_input_changes_the_key(tmp_path, change):
         "harness module": root / "spec_compat/cli/selftest.py",
     }
     if change in edits:
-        edits[change].write_text(edits[change].read_text() + "# changed\n")
+        edits[change].write_text(edits[change].read_text() + "CHANGED = 1\n")
     elif change.endswith(" version"):
         versions[change.split()[0]] += ".post1"
     else:
@@ -161,3 +161,23 @@ def test_another_patch_changing_keeps_the_key(tmp_path):
     assert "spec_compat/cli/selftest.py" in files and "spec_compat/patches/other.py" not in files
     (root / "spec_compat/patches/other.py").write_text("Y = 2\n")
     assert proof_key("mine", proof, patch_file, root, VERSIONS)[0] == key
+
+
+def test_comments_docstrings_and_the_patch_list_change_no_key(tmp_path):
+    """A key changes with code only: a comment, a docstring, a blank line, the list of patch
+    modules (patches/__init__.py) and the generated manifest are not inputs."""
+    root, proof, patch_file = _tree(tmp_path)
+    (root / "spec_compat" / "core").mkdir()
+    (root / "spec_compat" / "core" / "manifest.py").write_text("PATCH_IDS = ('mine',)\n")
+    (root / "spec_compat" / "patches" / "mine.py").write_text(
+        "from ..shims import helper\nfrom ..core import manifest\nX = 1\n")
+    key, files = proof_key("mine", proof, patch_file, root, VERSIONS)
+    assert "spec_compat/core/manifest.py" not in files and "spec_compat/patches/__init__.py" not in files
+    patch_file.write_text('"""A docstring."""\n# a comment\nfrom ..shims import helper\n\n'
+                          "from ..core import manifest\nX = 1  # why\n")
+    (root / "spec_compat" / "patches" / "__init__.py").write_text("from . import mine, other, third\n")
+    (root / "spec_compat" / "core" / "manifest.py").write_text("PATCH_IDS = ('mine', 'third')\n")
+    assert proof_key("mine", proof, patch_file, root, VERSIONS)[0] == key
+    patch_file.write_text(patch_file.read_text().replace("X = 1", "X = 2"))
+    assert proof_key("mine", proof, patch_file, root, VERSIONS)[0] != key
+

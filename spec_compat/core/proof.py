@@ -97,8 +97,7 @@ class Proof:
 
 def proof_cases(test_function: str) -> list[str]:
     """Ids of the registered patches whose proof is ``test_function`` (a test's parameter list)."""
-    from .. import REGISTRY
-    from .. import patches  # noqa: F401  (registers every patch)
+    from .registry import REGISTRY  # patches() loads the patch modules (set up by import spec_compat)
 
     return sorted(p.id for p in REGISTRY.patches()
                   if p.proof is not None and p.proof.test_function == test_function)

@@ -106,7 +106,7 @@ def predict_wait(executor) -> None:
     """Experiment (variant ``capture-predict``): while the driver waits for ``execute_model``,
     sleep once for 80 % of the previous steps' duration (moving average), then poll as vLLM does,
     so the driver leaves the worker's cores alone for most of a step with a single wake-up."""
-    from spec_compat.patches.generator import reply_queues
+    from spec_compat.patches.generator_driver_wait import reply_queues
 
     state = {"expect": 0.0, "avg": 0.0}
 
@@ -164,7 +164,7 @@ def child(variant: str, model: str, ids_file: str, repeats: int, max_model_len: 
 
             from spec_compat.shims import handoff
 
-            handoff.materialize = functools.partial(handoff.materialize, map_pages=False)
+            handoff.driver.materialize = functools.partial(handoff.driver.materialize, map_pages=False)
         from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
         cfg = json.loads((Path(model) / "config.json").read_text())

@@ -1,7 +1,9 @@
 """Registered patches.  Importing this package registers every patch; it imports
 no target (targets are reached lazily through post-import hooks)."""
 
-from . import generator, platform, worker  # noqa: F401
+from . import generator_spec03, generator_driver_wait, generator_tokenizer  # noqa: F401  (in this order: PATCH_IDS)
+from . import generator_spec04, generator_checks_threads  # noqa: F401
+from . import platform, worker  # noqa: F401
 from . import kimi  # noqa: F401  (after worker)
 from . import preprocessing, training  # noqa: F401
 from . import transformers5  # noqa: F401

@@ -17,7 +17,7 @@ from typing import Any
 from ..core.versions import providers
 from ..core.proof import Proof
 from ..core.registry import Changes, NotNeeded, Patch, TargetChanged, register
-from . import _guards as g
+from . import _guards as guard
 
 log = logging.getLogger("spec_compat")
 
@@ -48,8 +48,8 @@ class VllmCpuPlatformDetection(Patch):
 
     def check(self, module: ModuleType) -> None:
         # the plugin names this class to vLLM: it must still be the CPU platform
-        platform = g.attr(module, "CpuPlatform")
-        g.has_attrs(platform, "CpuPlatform", "device_type", "get_device_name")
+        platform = guard.attr(module, "CpuPlatform")
+        guard.has_attrs(platform, "CpuPlatform", "device_type", "get_device_name")
         if getattr(platform, "device_type", None) != "cpu":
             raise TargetChanged(f"CpuPlatform.device_type is {platform.device_type!r}, not 'cpu'")
         if not detection_fails():
@@ -116,7 +116,7 @@ class CpuAttentionIsaProbe(Patch):
     side = "worker"
 
     def check(self, module: ModuleType) -> None:
-        g.has_params(g.attr(module, "_get_attn_isa"), "_get_attn_isa", "dtype", "block_size", "head_size")
+        guard.has_params(guard.attr(module, "_get_attn_isa"), "_get_attn_isa", "dtype", "block_size", "head_size")
         amx = amx_tiles()
         if amx is None:
             raise TargetChanged("torch._C._cpu._is_amx_tile_supported is gone: cannot tell what vLLM picks")

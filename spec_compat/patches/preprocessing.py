@@ -13,12 +13,13 @@ from ..core.naming import through
 from ..core.proof import Proof
 from ..core.registry import Changes, Patch, TargetChanged, register
 from ..shims.device import accelerator_available
-from . import _guards as g
+from . import _guards as guard
 from .ranges import SPEC_04
 
 log = logging.getLogger("spec_compat")
 
-PRE = "speculators.data_generation.preprocessing"
+#: speculators' chat preprocessing module
+PREPROCESSING = "speculators.data_generation.preprocessing"
 
 
 @register
@@ -35,13 +36,13 @@ class SlowTokenizerOffsets(Patch):
                "by decoding the ids, checked against the text; fast tokenizers unchanged")
     upstream = ("speculators 0.3.0-0.4.x data_generation/preprocessing.py _preprocess_batch: "
                 "return_offsets_mapping on a slow tokenizer -> every conversation dropped")
-    target = f"{PRE}:_preprocess_batch"
+    target = f"{PREPROCESSING}:_preprocess_batch"
     requires = {"speculators": ">=0.3,<0.5"}
 
     def check(self, module: ModuleType) -> None:
-        fn = g.attr(module, "_preprocess_batch")
-        g.has_params(fn, "_preprocess_batch", "examples", "tokenizer")
-        if "return_offsets_mapping=True" not in g.source(fn, "_preprocess_batch"):
+        fn = guard.attr(module, "_preprocess_batch")
+        guard.has_params(fn, "_preprocess_batch", "examples", "tokenizer")
+        if "return_offsets_mapping=True" not in guard.source(fn, "_preprocess_batch"):
             raise TargetChanged("_preprocess_batch no longer asks for offsets")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
@@ -50,6 +51,8 @@ class SlowTokenizerOffsets(Patch):
         inner = module._preprocess_batch
         names = list(inspect.signature(inner).parameters)
 
+        # a plain function, not changes.wrap: speculators hands it (through a lambda) to datasets'
+        # map, which hashes and, with num_proc > 1, pickles it - a wrapt proxy does neither
         @functools.wraps(inner)
         def _preprocess_batch(*args: Any, **kwargs: Any) -> Any:
             pos = names.index("tokenizer")
@@ -87,15 +90,12 @@ class DeviceNameWithoutAccelerator(Patch):
     requires = {"speculators": SPEC_04}
 
     def check(self, module: ModuleType) -> None:
-        g.has_params(g.attr(module, "get_device_name"), f"{CONFIG_GEN}.get_device_name", "idx")
+        guard.has_params(guard.attr(module, "get_device_name"), f"{CONFIG_GEN}.get_device_name", "idx")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        inner = module.get_device_name
-
-        @functools.wraps(inner)
-        def get_device_name(idx: int) -> str:
+        def get_device_name(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> str:
             if not accelerator_available():
                 return "NO ACCELERATOR"
-            return inner(idx)
+            return wrapped(*args, **kwargs)
 
-        changes.setattr(module, "get_device_name", get_device_name)
+        changes.wrap(module, "get_device_name", get_device_name)

@@ -13,10 +13,11 @@ from typing import Any
 
 from ..core.proof import Proof, SELFTEST
 from ..core.registry import Changes, Patch, register
-from . import _guards as g
-
-CW = "speculators.data_generation.custom_worker"
+from . import _guards as guard
 from .ranges import SPEC_03, SPEC_04
+
+#: speculators' worker extension module (loaded in vLLM's workers)
+CUSTOM_WORKER = "speculators.data_generation.custom_worker"
 
 
 @register
@@ -30,15 +31,15 @@ class WorkerForwardEmbedInputIds(Patch):
     summary = "the capture forward bound onto the base model uses embed_input_ids and passes layer kwargs"
     upstream = "vLLM 0.11.1 model_executor/models/*: get_input_embeddings -> embed_input_ids (custom_worker:30)"
     fixes = ("F5",)
-    target = f"{CW}:_patched_forward"
+    target = f"{CUSTOM_WORKER}:_patched_forward"
     requires = {"speculators": SPEC_03, "vllm": ">=0.11.1"}
     side = "worker"
 
     def check(self, module: ModuleType) -> None:
-        fn = g.attr(module, "_patched_forward")
-        g.has_params(fn, "custom_worker._patched_forward", "self", "input_ids", "positions")
-        g.has_attrs(g.attr(module, "HiddenStatesWorkerExtension"), "HiddenStatesWorkerExtension",
-                    "_setup_hidden_states_capture", "_store_captured_states")
+        fn = guard.attr(module, "_patched_forward")
+        guard.has_params(fn, "custom_worker._patched_forward", "self", "input_ids", "positions")
+        guard.has_attrs(guard.attr(module, "HiddenStatesWorkerExtension"), "HiddenStatesWorkerExtension",
+                        "_setup_hidden_states_capture", "_store_captured_states")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
         from ..shims.capture import capture_forward
@@ -58,14 +59,14 @@ class DecoderStackLocator(Patch):
     summary = "capture set up on the decoder stack of any wrapper (get_language_model, then .model if it holds .layers)"
     upstream = "speculators 0.3.0 custom_worker:102 supports_eagle3 gate + model.model; 0.4.x get_language_model().model"
     fixes = ("K2",)
-    target = f"{CW}:HiddenStatesWorkerExtension"
+    target = f"{CUSTOM_WORKER}:HiddenStatesWorkerExtension"
     requires = ({"speculators": SPEC_03}, {"speculators": SPEC_04, "vllm": "<0.16"})
     side = "worker"
 
     def check(self, module: ModuleType) -> None:
-        g.has_attrs(g.attr(module, "HiddenStatesWorkerExtension"), "HiddenStatesWorkerExtension",
-                    "_setup_hidden_states_capture", "_store_captured_states")
-        g.has_params(g.attr(module, "_patched_forward"), "custom_worker._patched_forward", "self", "input_ids")
+        guard.has_attrs(guard.attr(module, "HiddenStatesWorkerExtension"), "HiddenStatesWorkerExtension",
+                        "_setup_hidden_states_capture", "_store_captured_states")
+        guard.has_params(guard.attr(module, "_patched_forward"), "custom_worker._patched_forward", "self", "input_ids")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
         import logging
@@ -100,14 +101,14 @@ class CaptureLayerHooks(Patch):
     summary = "capture through forward hooks on the chosen layers; the model's own forward stays in place"
     upstream = "vLLM 0.12 deepseek_v2.py layer(positions, hidden, residual, llama_4_scaling); custom_worker:44 drops it"
     fixes = ("K3",)
-    target = f"{CW}:HiddenStatesWorkerExtension"
+    target = f"{CUSTOM_WORKER}:HiddenStatesWorkerExtension"
     requires = {"speculators": ">=0.3,<0.5", "vllm": ">=0.12"}
     supersedes = ("worker-forward-embed-input-ids",)
     side = "worker"
 
     def check(self, module: ModuleType) -> None:
-        g.has_attrs(g.attr(module, "HiddenStatesWorkerExtension"), "HiddenStatesWorkerExtension",
-                    "_setup_hidden_states_capture", "_store_captured_states")
+        guard.has_attrs(guard.attr(module, "HiddenStatesWorkerExtension"), "HiddenStatesWorkerExtension",
+                        "_setup_hidden_states_capture", "_store_captured_states")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
         from ..shims.decoder import hook_layers
@@ -146,14 +147,14 @@ class CapturePerRequest(Patch):
     summary = "worker keys captured rows by request id (input_batch.req_ids x num_scheduled_tokens)"
     upstream = "speculators 0.3.0 custom_worker:88 one list per layer, no request ids; engine reorders (F10)"
     fixes = ("F10",)
-    target = f"{CW}:HiddenStatesWorkerExtension"
+    target = f"{CUSTOM_WORKER}:HiddenStatesWorkerExtension"
     requires = {"speculators": SPEC_03}
     side = "worker"
 
     _METHODS = ("_setup_hidden_states_capture", "_store_captured_states", "_reset_capture", "_get_captured_states")
 
     def check(self, module: ModuleType) -> None:
-        g.has_attrs(g.attr(module, "HiddenStatesWorkerExtension"), "HiddenStatesWorkerExtension", *self._METHODS)
+        guard.has_attrs(guard.attr(module, "HiddenStatesWorkerExtension"), "HiddenStatesWorkerExtension", *self._METHODS)
 
     def install(self, module: ModuleType, changes: Changes) -> None:
         from ..shims.capture import BY_REQUEST, PerRequestStore
@@ -219,19 +220,17 @@ class CaptureHandoffShm(Patch):
                "the requests' order) and reads others straight into its output (no pickled payload); opt-in "
                "SPEC_COMPAT_SHM_POOL_MB: segments no tensor reads any more are written again by the next call")
     upstream = "speculators 0.3.0 custom_worker:95 returns tensors through collective_rpc (pickled; PR #322)"
-    target = f"{CW}:HiddenStatesWorkerExtension"
+    target = f"{CUSTOM_WORKER}:HiddenStatesWorkerExtension"
     requires = {"speculators": SPEC_03}
     side = "worker"
 
     def check(self, module: ModuleType) -> None:
-        g.has_attrs(g.attr(module, "HiddenStatesWorkerExtension"), "HiddenStatesWorkerExtension",
-                    *CapturePerRequest._METHODS)
+        guard.has_attrs(guard.attr(module, "HiddenStatesWorkerExtension"), "HiddenStatesWorkerExtension",
+                        *CapturePerRequest._METHODS)
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ..shims.capture import BY_REQUEST
-        from ..shims.handoff import SegmentedCapture
-
-        from ..shims.capture import PerRequestStore
+        from ..shims.capture import BY_REQUEST, PerRequestStore
+        from ..shims.handoff import SegmentedCapture, unlink_segment
 
         ext = module.HiddenStatesWorkerExtension
         orig_setup = ext._setup_hidden_states_capture
@@ -268,10 +267,8 @@ class CaptureHandoffShm(Patch):
             if isinstance(store, SegmentedCapture):
                 store.adopt(spares)
             else:  # the pickled reply this call: nobody will write them
-                from ..shims.handoff import _unlink
-
                 for name in spares:
-                    _unlink(name)
+                    unlink_segment(name)
             return out
 
         def _get_captured_states(self: Any) -> Any:
@@ -290,7 +287,7 @@ class CaptureHandoffShm(Patch):
             store = self.__dict__.get("_spec_compat_store")
             if not isinstance(store, SegmentedCapture):
                 return None
-            store._abort_writer()  # a forward that raised half-way committed no rows
+            store.abort_writer()  # a forward that raised half-way committed no rows
             batch = self.model_runner.input_batch
             return store.forward(batch.req_ids[: batch.num_reqs])
 

@@ -33,7 +33,7 @@ from spec_compat.verify.settings import pinned_dtype
 from spec_compat.shims import handoff
 
 calls, mapped, reused, seen = [], [], [], set()
-orig = handoff.materialize
+orig = handoff.driver.materialize
 def counting(desc, order, *a, **k):
     out = orig(desc, order, *a, **k)
     calls.append(len(order))
@@ -43,7 +43,7 @@ def counting(desc, order, *a, **k):
         maps = f.read()
     mapped.append(sum(("/dev/shm/" + name) in maps for name in desc.segments))
     return out
-handoff.materialize = counting
+handoff.driver.materialize = counting  # what the driver side calls
 
 model, out, names = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
 with pinned_dtype("float32"):
@@ -176,7 +176,7 @@ def test_driver_reply_queues_do_not_spin(llama_dir, prove, pid):
         "if __name__ == '__main__':\n"
         "    with pinned_dtype('float32'):\n"
         f"        gen = VllmHiddenStatesGenerator({str(llama_dir)!r}, layer_ids=[1, 2, 3], max_model_len=1024)\n"
-        "    from spec_compat.patches.generator import reply_queues\n"
+        "    from spec_compat.patches.generator_driver_wait import reply_queues\n"
         "    timers = [type(mq._read_spin_timer).__name__ for mq in reply_queues(gen.executor)]\n"
         "    res = gen.generate([[5] * 700, [7] * 300])\n"
         "    h = hashlib.sha256()\n"

@@ -51,7 +51,9 @@ def _patch_files() -> list[Path]:
                 shims.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.level == 2 and (node.module or "").startswith("shims."):
                 shims.add(node.module.split(".", 1)[1])
-    return patches + sorted(PKG / "shims" / f"{name}.py" for name in shims if (PKG / "shims" / f"{name}.py").is_file())
+    modules = [PKG / "shims" / f"{name}.py" for name in shims] + [  # a shim package: all its modules
+        path for name in shims for path in (PKG / "shims" / name).glob("*.py")]
+    return patches + sorted(path for path in modules if path.is_file())
 
 
 def _raise_sites() -> list[tuple[str, str, str | None]]:
@@ -372,4 +374,3 @@ def test_corrupt_checkpoint_index_names_the_patch(index, tmp_path):
     _named(exc.value, "verifier-weights-wrapper-prefix")
     (tmp_path / "model.safetensors.index.json").write_text('{"weight_map": {"a": "x.safetensors"}}')
     assert checkpoint_names(tmp_path, "verifier-weights-wrapper-prefix") == ["a"]
-

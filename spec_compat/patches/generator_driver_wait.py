@@ -1,0 +1,80 @@
+"""Driver-side patch of vLLM's wait for worker replies (any speculators generator on a CPU
+platform): opt-in polling that yields the CPU to the model's threads."""
+
+from __future__ import annotations
+
+import logging
+from types import ModuleType
+from typing import Any
+
+from ..core import bindings, switches
+from ..core.proof import Proof
+from ..core.registry import Changes, NotNeeded, Patch, TargetChanged, register
+from . import _guards as guard
+from ._generator_target import GENERATOR
+
+log = logging.getLogger("spec_compat")
+
+
+#: opt-in switch of patch driver-wait-yields-cpu: "spin" (default) or "sleep"
+
+
+@register
+class DriverWaitYieldsCpu(Patch):
+    """vLLM's ``MessageQueue.acquire_read`` (distributed/device_communicators/shm_broadcast.py)
+    spins on ``sched_yield`` while speculators' driver waits for each worker step.  On a CPU
+    platform with other work on the machine the spinning driver takes CPU from the model's
+    threads (extraction at about half speed); on an idle machine the spin is the faster wait.
+    Opt-in: ``SPEC_COMPAT_DRIVER_WAIT=sleep`` makes the driver's reply queues poll, then sleep."""
+
+    id = "driver-wait-yields-cpu"
+    proof = Proof("optimization", "tests/engine/test_handoff_engine.py::test_driver_reply_queues_do_not_spin", benchmark="benchmarks/results/capture_overhead_llama_loaded.json")
+    summary = ("opt-in (SPEC_COMPAT_DRIVER_WAIT=sleep), CPU platform: the driver's reply queues sleep "
+               "(<= 1 ms) instead of spinning while the worker computes")
+    upstream = "vLLM shm_broadcast.py SpinTimer: sched_yield busy-wait in acquire_read (driver of speculators' generator)"
+    target = f"{GENERATOR}:MultiprocExecutor"
+    requires = {"vllm": ">=0.11,<0.17"}  # cells that proved it; newer vLLM: re-check the wait loop
+
+    def check(self, module: ModuleType) -> None:
+        import torch
+
+        if torch.cuda.is_available():
+            raise NotNeeded("CUDA platform: the driver's polling does not take the model's cores")
+        guard.has_attrs(guard.attr(module, "MultiprocExecutor"), "MultiprocExecutor", "collective_rpc")
+        from vllm.distributed.device_communicators import shm_broadcast
+
+        timer = guard.attr(shm_broadcast, "SpinTimer")
+        guard.has_attrs(timer, "SpinTimer", "spin", "record_activity")
+        if "_read_spin_timer" not in guard.source(shm_broadcast.MessageQueue.acquire_read, "MessageQueue.acquire_read"):
+            raise TargetChanged("MessageQueue.acquire_read no longer polls through _read_spin_timer")
+        mode = switches.value(switches.DRIVER_WAIT_VAR)
+        if mode == "spin":
+            raise NotNeeded(f"{switches.DRIVER_WAIT_VAR} is not 'sleep': vLLM's spin wait kept (faster on an idle "
+                            "machine; set it to 'sleep' when other work shares the CPU)")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        from ..shims.polling import YieldingTimer
+
+        def init(wrapped: Any, executor: Any, args: tuple, kwargs: dict) -> Any:
+            out = wrapped(*args, **kwargs)
+            queues = reply_queues(executor)
+            for mq in queues:
+                mq._read_spin_timer = YieldingTimer()
+            if not queues:
+                log.warning("spec_compat[%s]: the executor has no reply queue with _read_spin_timer; "
+                            "the driver keeps spinning", self.id)
+            return out
+
+        bindings.wrap_method(changes, module, "MultiprocExecutor", "__init__", init)
+
+
+def reply_queues(executor: Any) -> list[Any]:
+    """The driver's reply queues of a MultiprocExecutor: ``response_mqs`` (vLLM >= 0.12)
+    or each worker handle's ``worker_response_mq`` (0.11)."""
+    found: dict[int, Any] = {}
+    candidates = list(getattr(executor, "response_mqs", None) or ())
+    candidates += [getattr(w, "worker_response_mq", None) for w in getattr(executor, "workers", None) or ()]
+    for mq in candidates:
+        if mq is not None and hasattr(mq, "_read_spin_timer"):
+            found[id(mq)] = mq
+    return list(found.values())

@@ -7,4 +7,4 @@ from . import platform, worker  # noqa: F401
 from . import kimi  # noqa: F401  (after worker)
 from . import preprocessing, training  # noqa: F401
 from . import transformers5  # noqa: F401
-from . import serving  # noqa: F401
+from . import cpu_spec_decode, eagle3_deepseek  # noqa: F401  (in this order: PATCH_IDS)

@@ -35,7 +35,7 @@ TRUST_SITES = {
     "cli/selftest.py:_run_checks":
         "spec-compat selftest: the model dir that the stock generator loads with trust_remote_code=True "
         "in the same command",
-    "cli/demo_steps.py:verifier_text_config":
+    "cli/demo.py:_verifier_text_config":
         "spec-compat demo: spec-compat's own fixture (kimi-k25 ships its remote code in the package)",
     "cli/evaluate.py:_text_config": "spec-compat evaluate: trust = declares_remote_code(target)",
     "cli/evaluate.py:_engine_kwargs": "spec-compat evaluate: trust = declares_remote_code(target)",

@@ -223,6 +223,9 @@ class CaptureHandoffShm(Patch):
     target = f"{CUSTOM_WORKER}:HiddenStatesWorkerExtension"
     requires = {"speculators": SPEC_03}
     side = "worker"
+    #: the driver half that reads descriptors: with it switched off a descriptor would reach stock
+    #: speculators unread (its segment left in /dev/shm), so the worker keeps the pickled reply
+    depends_on = ("rows-by-request-id",)
 
     def check(self, module: ModuleType) -> None:
         guard.has_attrs(guard.attr(module, "HiddenStatesWorkerExtension"), "HiddenStatesWorkerExtension",
@@ -231,6 +234,11 @@ class CaptureHandoffShm(Patch):
     def install(self, module: ModuleType, changes: Changes) -> None:
         from ..shims.capture import BY_REQUEST, PerRequestStore
         from ..shims.handoff import SegmentedCapture, unlink_segment
+
+        patch = self
+
+        def _driver_reads_descriptors() -> bool:
+            return patch.uses("rows-by-request-id")
 
         ext = module.HiddenStatesWorkerExtension
         orig_setup = ext._setup_hidden_states_capture
@@ -298,16 +306,6 @@ class CaptureHandoffShm(Patch):
                          ("_spec_compat_layer_writer", _spec_compat_layer_writer)):
             changes.setattr(ext, name, fn)
 
-
-def _driver_reads_descriptors() -> bool:
-    """Whether the driver half that reads descriptors (patch rows-by-request-id) is switched on.
-    The worker inherits the driver's environment; with that patch disabled a descriptor would
-    reach stock speculators unread and its segment would stay in /dev/shm, so the worker keeps
-    the pickled reply."""
-    from ..core.manifest import PATCH_IDS
-    from ..core.switches import disabled_ids
-
-    return "rows-by-request-id" not in disabled_ids(PATCH_IDS)
 
 
 #: below this much free /dev/shm the worker keeps the pickled reply (a container's 64 MB default)

@@ -10,13 +10,13 @@ weight to vLLM's own ``load_weights`` unchanged.
 
 from __future__ import annotations
 
-import functools
 from types import ModuleType
 from typing import Any
 
 from ..core.proof import Proof, SELFTEST
 from ..core.registry import Changes, Patch, TargetChanged, register
-from . import _guards as g
+from ..shims.swap import swapped
+from . import _guards as guard
 
 KIMI = "vllm.model_executor.models.kimi_k25"
 CLS = "KimiK25ForConditionalGeneration"
@@ -77,31 +77,23 @@ class KimiK25DeviceWithoutCuda(Patch):
     side = "worker"
 
     def check(self, module: ModuleType) -> None:
-        cls = g.attr(module, CLS)
-        if "torch.cuda.current_device()" not in g.source(cls.__init__, f"{CLS}.__init__"):
+        cls = guard.attr(module, CLS)
+        if "torch.cuda.current_device()" not in guard.source(cls.__init__, f"{CLS}.__init__"):
             raise TargetChanged(f"{CLS}.__init__ no longer calls torch.cuda.current_device()")
         torch = module.__dict__.get("torch")
         if not isinstance(torch, ModuleType) or not hasattr(getattr(torch, "cuda", None), "current_device"):
             raise TargetChanged(f"{KIMI}.torch is not the torch module with cuda.current_device")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        cls = getattr(module, CLS)
-        inner = cls.__init__
-
-        @functools.wraps(inner)
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        def __init__(wrapped: Any, model: Any, args: tuple, kwargs: dict) -> None:
             real = module.__dict__.get("torch")
             if not isinstance(real, ModuleType) or real.cuda.is_available():
-                return inner(self, *args, **kwargs)
-            view = _TorchView(real, _platform_device())
-            module.torch = view  # kimi_k25.py's own global, for this call only
-            try:
-                return inner(self, *args, **kwargs)
-            finally:
-                if module.__dict__.get("torch") is view:
-                    module.torch = real
+                return wrapped(*args, **kwargs)
+            # kimi_k25.py's own global, for this call only
+            with swapped(module, "torch", _TorchView(real, _platform_device())):
+                return wrapped(*args, **kwargs)
 
-        changes.setattr(cls, "__init__", __init__)
+        changes.wrap(getattr(module, CLS), "__init__", __init__)
 
 
 # the renames of 0.15.x KimiK25ForConditionalGeneration.load_weights (kimi_k25.py:464-483)
@@ -130,9 +122,9 @@ class KimiK25LoadUnfusedQkvA(Patch):
     side = "worker"
 
     def check(self, module: ModuleType) -> None:
-        cls = g.attr(module, CLS)
-        g.has_params(cls.load_weights, f"{CLS}.load_weights", "self", "weights")
-        src = g.source(cls.load_weights, f"{CLS}.load_weights")
+        cls = guard.attr(module, CLS)
+        guard.has_params(cls.load_weights, f"{CLS}.load_weights", "self", "weights")
+        src = guard.source(cls.load_weights, f"{CLS}.load_weights")
         needed = ['"language_model.model": "language_model"',
                   '(".fused_qkv_a_proj", ".q_a_proj", 0)',
                   '(".fused_qkv_a_proj", ".kv_a_proj_with_mqa", 1)']
@@ -141,14 +133,13 @@ class KimiK25LoadUnfusedQkvA(Patch):
             raise TargetChanged(f"{CLS}.load_weights no longer maps {'; '.join(missing)}")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        cls = getattr(module, CLS)
-        inner = cls.load_weights
+        def load_weights(wrapped: Any, model: Any, args: tuple, kwargs: dict) -> Any:
+            return load_unfused(wrapped, model, *args, **kwargs)
 
-        @functools.wraps(inner)
-        def load_weights(self: Any, weights: Any) -> Any:
+        def load_unfused(inner: Any, model: Any, /, weights: Any) -> Any:
             from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
-            params = dict(self.named_parameters())
+            params = dict(model.named_parameters())
 
             def rest() -> Any:
                 for item in weights:
@@ -163,6 +154,6 @@ class KimiK25LoadUnfusedQkvA(Patch):
                             continue
                     yield item
 
-            return inner(self, rest())
+            return inner(rest())
 
-        changes.setattr(cls, "load_weights", load_weights)
+        changes.wrap(getattr(module, CLS), "load_weights", load_weights)

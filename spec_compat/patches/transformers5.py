@@ -29,7 +29,7 @@ from typing import Any
 from ..core.proof import Proof, T1_STEPS
 from ..core.registry import Changes, Patch, TargetChanged, register
 from ..shims import hf_config
-from . import _guards as g
+from . import _guards as guard
 
 SPEC_T1 = ">=0.3,<0.5"
 TF_CONFIG = "transformers.configuration_utils"
@@ -68,7 +68,7 @@ class PretrainedConfigAnnotations(Patch):
     requires = {"speculators": SPEC_T1, "transformers": ">=5.4"}
 
     def _missing(self, module: ModuleType) -> dict[str, set[str]]:
-        base = g.attr(module, "PreTrainedConfig")
+        base = guard.attr(module, "PreTrainedConfig")
         if not dataclasses.is_dataclass(base):
             raise TargetChanged("PreTrainedConfig is not a dataclass (transformers < 5.4 shape)")
         missing = hf_config.unresolved_annotation_names(base.__mro__[:-1])
@@ -107,7 +107,7 @@ class SpeculatorConfigOwnInit(Patch):
     requires = {"speculators": SPEC_T1, "transformers": ">=5.4"}
 
     def check(self, module: ModuleType) -> None:
-        cls = g.attr(module, SMC)
+        cls = guard.attr(module, SMC)
         base = _pretrained_config(module)
         if base not in cls.__mro__:
             raise TargetChanged(f"{SMC} is no longer a subclass of {base.__qualname__}")
@@ -159,7 +159,7 @@ class SpeculatorConfigValidate(Patch):
     requires = {"speculators": SPEC_T1, "transformers": ">=5.4"}
 
     def _pair(self, module: ModuleType) -> tuple[Any, Any]:
-        cls = g.attr(module, SMC)
+        cls = guard.attr(module, SMC)
         base = _pretrained_config(module)
         if "validate" in cls.__dict__:
             raise TargetChanged(f"{SMC} defines validate itself (speculators >= 0.5)")

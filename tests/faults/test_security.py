@@ -29,13 +29,13 @@ TRUST_SITES = {
     "patches/generator_tokenizer.py:TokenizerTrustRemoteCode.install.AutoTokenizer.from_pretrained":
         "tokenizer-trust-remote-code: the generator's AutoTokenizer, only where its guard found speculators "
         "trusting the same model_path for AutoConfig and vLLM's ModelConfig (which also loads the tokenizer)",
-    "patches/training.py:VerifierConfigTextModel.install.from_pretrained":
+    "patches/training_verifier.py:VerifierConfigTextModel.install.for_speculators":
         "verifier-config-text-model: speculators' training code (or a script built on speculators) loading a "
         "config.json that declares auto_map.AutoConfig - speculators' training code itself never trusts",
     "cli/selftest.py:_run_checks":
         "spec-compat selftest: the model dir that the stock generator loads with trust_remote_code=True "
         "in the same command",
-    "cli/demo.py:_verifier_text_config":
+    "cli/demo_steps.py:verifier_text_config":
         "spec-compat demo: spec-compat's own fixture (kimi-k25 ships its remote code in the package)",
     "cli/evaluate.py:_text_config": "spec-compat evaluate: trust = declares_remote_code(target)",
     "cli/evaluate.py:_engine_kwargs": "spec-compat evaluate: trust = declares_remote_code(target)",

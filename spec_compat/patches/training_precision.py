@@ -1,0 +1,82 @@
+"""P-single: speculators' single-device training in mixed precision (bf16 compute, fp32
+master weights, fused AdamW), as its FSDP path does."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from types import ModuleType
+from typing import Any
+
+from ..core.proof import Proof, MEASURED
+from ..core.registry import Changes, Patch, TargetChanged, register
+from ..shims.swap import swapped
+from ..shims.training_views import TorchFusedAdamWView
+from . import _guards as guard
+from .training_modules import SPEC_TRAIN, TRAINER
+
+log = logging.getLogger("spec_compat")
+
+
+@register
+class SingleDeviceBf16(Patch):
+    """speculators' single-device path (train.py without torchrun) never casts model or data:
+    it trains in fp32 (measured on an H200 at Kimi-K2.5 draft dims: 1258 ms/step vs 87.5 ms in
+    bf16).  The FSDP path computes in bf16 with fp32 master weights; single CUDA-device runs
+    get the same policy through bf16 autocast around the draft's forward."""
+
+    id = "single-device-bf16"
+    proof = Proof("measured", MEASURED, benchmark="benchmarks/results/h200-train-step-run4-fused-adamw.json")
+    fixes = ("P-single",)
+    summary = ("single-device CUDA training computes in bf16 (autocast) with fp32 master weights and fp32 "
+               "optimizer state (AdamW as one fused kernel), like the FSDP path's MixedPrecisionPolicy; CPU and "
+               "FSDP runs unchanged; SPEC_COMPAT_DISABLE=single-device-bf16 keeps fp32")
+    upstream = "speculators 0.3.0-0.4.x train/trainer.py setup_model: no dtype policy without FSDP (fp32 training)"
+    target = f"{TRAINER}:Trainer"
+    requires = {"speculators": SPEC_TRAIN}
+
+    def check(self, module: ModuleType) -> None:
+        cls = guard.attr(module, "Trainer")
+        guard.has_params(cls.setup_model, "Trainer.setup_model", "self")
+        if "MixedPrecisionPolicy" in guard.source(cls, "Trainer") or "autocast" in guard.source(cls, "Trainer"):
+            raise TargetChanged("Trainer already sets a precision policy itself")
+        if not isinstance(module.__dict__.get("torch"), ModuleType) or \
+                "torch.optim.AdamW(" not in guard.source(cls.setup_optimizer, "Trainer.setup_optimizer"):
+            raise TargetChanged("Trainer.setup_optimizer no longer builds torch.optim.AdamW")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        def setup_model(wrapped: Any, trainer: Any, args: tuple, kwargs: dict) -> Any:
+            out = wrapped(*args, **kwargs)
+            model = trainer.model
+            if getattr(trainer, "is_distributed", False):
+                return out
+            first = next(model.parameters(), None)
+            if first is None or not first.is_cuda:
+                log.debug("spec_compat: %s: model not on CUDA; precision unchanged", SingleDeviceBf16.id)
+                return out
+            forward = model.forward
+
+            # plain function, not changes.wrap: a new attribute of the model, whose forward dynamo may trace
+            @functools.wraps(forward)
+            def bf16_forward(*a: Any, **kw: Any) -> Any:
+                import torch
+
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    return forward(*a, **kw)
+
+            model.forward = bf16_forward
+            trainer.__dict__["_spec_compat_fused_adamw"] = True
+            log.info("spec_compat: %s: single-device training on %s in bf16 autocast with fp32 master weights",
+                     SingleDeviceBf16.id, first.device)
+            return out
+
+        def setup_optimizer(wrapped: Any, trainer: Any, args: tuple, kwargs: dict) -> Any:
+            real = module.__dict__.get("torch")
+            if not trainer.__dict__.get("_spec_compat_fused_adamw") or not isinstance(real, ModuleType):
+                return wrapped(*args, **kwargs)
+            # the same AdamW, as one fused CUDA kernel over the fp32 master weights and states
+            with swapped(module, "torch", TorchFusedAdamWView(real)):  # trainer.py's own global, for this call only
+                return wrapped(*args, **kwargs)
+
+        changes.wrap(module.Trainer, "setup_model", setup_model)
+        changes.wrap(module.Trainer, "setup_optimizer", setup_optimizer)

@@ -2,7 +2,7 @@
 trainer on the demo's extracted data, with the patch on (the draft's forward runs eagerly off
 CUDA) and with only it switched off (speculators 0.3.0's unconditional ``torch.compile``: inductor
 compiles each new packed shape on CPU).  Rounds alternate the order of the two variants; each
-variant is a fresh process (``python -m spec_compat.cli.demo train``), timed whole.  Losses of the
+variant is a fresh process (``python tests/support/training_steps.py train``), timed whole.  Losses of the
 first steps are printed side by side: the two paths train the same model.
 
   python benchmarks/draft_eager.py --demo-json DEMO.json [--rounds 2] [--out benchmarks/results/draft_eager_cpu.json]
@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+TRAINING_STEPS = ROOT / "tests" / "support" / "training_steps.py"
 PID = "draft-eager-without-cuda"
 
 
@@ -35,7 +36,7 @@ def one_epoch(demo: dict, disable: str, save: Path) -> tuple[float, list[float]]
     args = {"model_dir": demo["model_dir"], "data_dir": demo["data_dir"], "vocab_dir": demo["vocab_dir"],
             "save": str(save), "epochs": 1}
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "spec_compat.cli.demo", "train", json.dumps(args)], env=env,
+    proc = subprocess.run([sys.executable, str(TRAINING_STEPS), "train", json.dumps(args)], env=env,
                           capture_output=True, text=True, cwd=str(ROOT))
     seconds = time.perf_counter() - t
     if proc.returncode != 0:

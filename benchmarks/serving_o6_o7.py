@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+TRAINING_STEPS = Path(__file__).resolve().parents[1] / "tests" / "support" / "training_steps.py"
+
 VARIANTS = {
     "both fixes on": "",
     "O6 off (vLLM's default aux layers)": "draft-names-its-aux-layers",
@@ -34,7 +36,7 @@ def step(name: str, kwargs: dict, disable: str = "") -> dict:
     env = {k: v for k, v in os.environ.items() if k != "SPEC_COMPAT_DISABLE"}
     if disable:
         env["SPEC_COMPAT_DISABLE"] = disable
-    proc = subprocess.run([sys.executable, "-m", "spec_compat.cli.demo", name, json.dumps(kwargs)], env=env,
+    proc = subprocess.run([sys.executable, str(TRAINING_STEPS), name, json.dumps(kwargs)], env=env,
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"step {name} failed:\n{proc.stderr[-4000:]}")
@@ -54,7 +56,7 @@ def main() -> int:
 
     import spec_compat  # noqa: F401
     from spec_compat import installed_versions
-    from spec_compat.cli.demo import DEMO_DATA, _extract, _preprocess, _vocab_mapping
+    from spec_compat.cli.demo_steps import DEMO_DATA, extract, preprocess, vocab_mapping
     from spec_compat.cli.evaluate import evaluate, regenerate_chats
     from spec_compat.fixtures import build
 
@@ -71,10 +73,10 @@ def main() -> int:
         args.layers = 4
     regen = out / "regenerated_chat.jsonl"
     regenerate_chats(model, DEMO_DATA, regen, max_model_len=1024)
-    dataset = _preprocess(model, regen, out, 1024)
-    _extract(model, dataset, out / "hidden_states", layer_ids, 1024, 16, regen)
+    dataset = preprocess(model, regen, out, 1024)
+    extract(model, dataset, out / "hidden_states", layer_ids, 1024, 16, regen)
     captured = json.loads((out / "hidden_states" / "data_config.json").read_text())
-    _vocab_mapping(model, out, 256)
+    vocab_mapping(model, out, 256)
     print(f"data ready in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
 
     rows = []

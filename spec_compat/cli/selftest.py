@@ -11,6 +11,7 @@ prompts join), and consecutive calls.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import math
 import random
@@ -178,3 +179,8 @@ def main(model: str | None, only: Sequence[str] | None = None, seed: int = 0,
     if tmp is not None:
         tmp.cleanup()
     return 1 if failed else 0
+
+
+def cmd_selftest(args: argparse.Namespace) -> int:
+    only = [c for c in args.checks.split(",") if c] if args.checks else None
+    return main(args.model, only=only, seed=args.seed, tensor_parallel_size=args.tensor_parallel_size)

@@ -21,6 +21,7 @@ from spec_compat import REGISTRY
 from spec_compat.core.proof import proof_cases
 
 ROOT = Path(__file__).resolve().parents[2]
+TRAINING_STEPS = ROOT / "tests" / "support" / "training_steps.py"
 
 pytestmark = pytest.mark.engine
 
@@ -115,7 +116,7 @@ def untrained_draft(tmp_path_factory, fixture_dir):
             out = tmp_path_factory.mktemp(f"untrained-{model}")
             vocab = vocab_dir or str(_save_identity_vocab(out / "vocab", 512))
             args = {"model_dir": str(target), "vocab_dir": vocab, "out": str(out / "draft"), "aux_layer_ids": [1, 2, 3]}
-            proc = subprocess.run([sys.executable, "-m", "spec_compat.cli.demo", "untrained", json.dumps(args)],
+            proc = subprocess.run([sys.executable, str(TRAINING_STEPS), "untrained", json.dumps(args)],
                                   capture_output=True, text=True, timeout=600, cwd=str(ROOT))
             assert proc.returncode == 0, proc.stderr[-3000:]
             made[key] = out / "draft"

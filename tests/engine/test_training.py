@@ -18,6 +18,7 @@ from spec_compat import REGISTRY
 from spec_compat.core.proof import proof_cases
 
 ROOT = Path(__file__).resolve().parents[2]
+TRAINING_STEPS = ROOT / "tests" / "support" / "training_steps.py"
 
 MODELS = ("llama", "kimi-k25")
 
@@ -38,7 +39,7 @@ def _result(proc: subprocess.CompletedProcess) -> dict:
 
 
 def _step(step: str, disable: str | None = None, **kwargs) -> subprocess.CompletedProcess:
-    return _run(["-m", "spec_compat.cli.demo", step, json.dumps({k: str(v) if isinstance(v, Path) else v
+    return _run([str(TRAINING_STEPS), step, json.dumps({k: str(v) if isinstance(v, Path) else v
                                                             for k, v in kwargs.items()})], disable=disable)
 
 
@@ -228,7 +229,7 @@ def test_torchrun_two_cpu_ranks_fsdp(demo, tmp_path, prove, pid):
     args = json.dumps({"model_dir": res["model_dir"], "data_dir": res["data_dir"], "vocab_dir": res["vocab_dir"],
                        "save": str(tmp_path / "fsdp"), "epochs": 1})
     cmd = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-           "-m", "spec_compat.cli.demo", "train", args]
+           str(TRAINING_STEPS), "train", args]
     on = _run(cmd, disable=proof.baseline)
     assert on.returncode == 0, on.stderr[-4000:]
     proof.assert_absent(on.stderr)

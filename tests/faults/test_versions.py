@@ -211,12 +211,12 @@ def test_metadata_that_raises_is_treated_as_missing(monkeypatch):
     ({"vllm": "0.17.0rc1"}, "vllm", "0.17.0rc1", False),
 ], ids=["alias", "two-installs", "cpu-only", "cuda-only"])
 def test_two_providers_of_vllm_reported(dists, used, version, warns, fake_metadata, caplog, monkeypatch):
-    from spec_compat import cli
+    from spec_compat.cli import report
 
     caplog.set_level(logging.WARNING, logger="spec_compat")
     fake_metadata({"speculators": "0.3.0", **dists})
     assert _versions.provider("vllm") == (used, version)
-    providers = cli._providers()
+    providers = report._providers()
     assert providers["vllm"] == {"distribution": used, "installed": dists}
     assert providers["speculators"] == {"distribution": "speculators", "installed": {"speculators": "0.3.0"}}
     assert providers["torch"] == {"distribution": None, "installed": {}}

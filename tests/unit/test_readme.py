@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from spec_compat.cli import patch_table
+from spec_compat.cli.report import patch_table
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

@@ -1,0 +1,22 @@
+"""``spec-compat run SCRIPT [ARGS...]``: an unmodified script as ``__main__`` with the registry applied."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+
+from .. import apply
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    apply()
+    script = args.script
+    if not os.path.exists(script):
+        print(f"spec-compat run: no such script: {script}", file=sys.stderr)
+        return 2
+    sys.argv = [script, *args.args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    runpy.run_path(script, run_name="__main__")
+    return 0

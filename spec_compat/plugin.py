@@ -36,7 +36,7 @@ def register() -> None:
 def cpu_platform() -> str | None:
     try:
         from .core.versions import in_range, installed_version
-        from .patches.platform import VllmCpuPlatformDetection, detection_fails
+        from .patches.extraction.cpu_platform import VllmCpuPlatformDetection, detection_fails
 
         if _named_in_disable(VllmCpuPlatformDetection.id):
             return None

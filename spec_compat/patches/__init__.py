@@ -1,12 +1,19 @@
-"""Registered patches.  Importing this package registers every patch; it imports
-no target (targets are reached lazily through post-import hooks)."""
+"""Registered patches, grouped by what they fix.  Importing this package registers every patch;
+it imports no target (targets are reached lazily through post-import hooks).
 
-from . import generator_spec03, generator_driver_wait, generator_tokenizer  # noqa: F401  (in this order: PATCH_IDS)
-from . import generator_spec04, generator_checks_threads  # noqa: F401
-from . import platform, worker  # noqa: F401
-from . import kimi  # noqa: F401  (after worker)
-from . import preprocessing  # noqa: F401
-from . import training_verifier, training_without_cuda, training_as_served  # noqa: F401  (in this order: PATCH_IDS)
-from . import training_precision, training_draft_reload  # noqa: F401
-from . import transformers5  # noqa: F401
-from . import cpu_spec_decode, eagle3_deepseek  # noqa: F401  (in this order: PATCH_IDS)
+* ``extraction/`` - speculators' hidden-state extraction through vLLM: its generator (0.3.x and
+  0.4.x lines), the worker extension, the CPU platform, Kimi-K2.5 loading, preprocessing
+* ``training/``   - speculators' trainer: verifier config, CPU-only machines, layer convention
+  and precision as served, draft reload, transformers 5
+* ``serving/``    - the trained draft served by vLLM as EAGLE-3 speculator: CPU speculative
+  decoding, DeepSeek-V3 / Kimi-K2.5 backbones
+
+The import order below is the registration order (``PATCH_IDS``, the order of ``report``).
+"""
+
+from .extraction import generator_spec03, generator_driver_wait, generator_tokenizer  # noqa: F401
+from .extraction import generator_spec04, generator_checks_threads  # noqa: F401
+from .extraction import cpu_platform, worker, kimi_k25, preprocessing  # noqa: F401
+from .training import verifier, without_cuda, as_served, precision, draft_reload  # noqa: F401
+from .training import transformers5  # noqa: F401
+from .serving import cpu_spec_decode, eagle3_deepseek  # noqa: F401

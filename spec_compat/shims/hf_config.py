@@ -15,7 +15,7 @@ config.  Three things of the dataclass ``PreTrainedConfig`` meet pydantic there:
   deprecated ``BaseModel.validate(value)`` classmethod, which comes first in the MRO.
 
 The helpers here are pure Python (no torch / transformers / pydantic import);
-the patches in :mod:`spec_compat.patches.transformers5` apply them.
+the patches in :mod:`spec_compat.patches.training.transformers5` apply them.
 """
 
 from __future__ import annotations

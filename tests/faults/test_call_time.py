@@ -43,14 +43,19 @@ UNNAMED = {
 
 def _patch_files() -> list[Path]:
     """The patch modules and the shim modules they import (what a registered patch runs)."""
-    patches = sorted((PKG / "patches").glob("*.py"))
+    patches = sorted((PKG / "patches").rglob("*.py"))
     shims = set()
     for path in patches:
+        package = ["spec_compat", *path.relative_to(PKG).parent.parts]
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 2 and node.module == "shims":
+            if not isinstance(node, ast.ImportFrom) or not node.level:
+                continue
+            base = package[: len(package) - (node.level - 1)]
+            module = [*base, *(node.module.split(".") if node.module else [])]
+            if module == ["spec_compat", "shims"]:
                 shims.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.level == 2 and (node.module or "").startswith("shims."):
-                shims.add(node.module.split(".", 1)[1])
+            elif module[:2] == ["spec_compat", "shims"]:
+                shims.add(module[2])
     modules = [PKG / "shims" / f"{name}.py" for name in shims] + [  # a shim package: all its modules
         path for name in shims for path in (PKG / "shims" / name).glob("*.py")]
     return patches + sorted(path for path in modules if path.is_file())
@@ -172,7 +177,7 @@ def test_aux_state_collector_names_its_patch(pid):
 @pytest.mark.parametrize("pid", ["eagle3-deepseek-aux-states", "eagle3-kimi-k25-aux-states"])
 def test_eagle3_patch_missing_stack_names_itself(pid):
     """find_decoder_stack names the patch that calls it (not always decoder-stack-locator)."""
-    from spec_compat.patches.eagle3_deepseek import _eagle3_methods
+    from spec_compat.patches.serving.eagle3_deepseek import _eagle3_methods
     from spec_compat.shims.decoder import find_decoder_stack
 
     methods = _eagle3_methods(pid, find_decoder_stack)
@@ -186,7 +191,7 @@ def test_eagle3_patch_missing_stack_names_itself(pid):
 
 @pytest.mark.parametrize("pid", ["eagle3-deepseek-aux-states", "eagle3-kimi-k25-aux-states"])
 def test_eagle3_default_aux_layers_of_a_shallow_target_names_the_patch(pid):
-    from spec_compat.patches.eagle3_deepseek import _eagle3_methods
+    from spec_compat.patches.serving.eagle3_deepseek import _eagle3_methods
 
     stack = types.SimpleNamespace(layers=[torch.nn.Identity()] * 3)
     methods = _eagle3_methods(pid, lambda model, patch_id: stack)

@@ -26,10 +26,10 @@ PKG = Path(spec_compat.__file__).resolve().parent
 
 #: every place spec_compat turns trust_remote_code on (file:function -> why it may)
 TRUST_SITES = {
-    "patches/generator_tokenizer.py:TokenizerTrustRemoteCode.install.AutoTokenizer.from_pretrained":
+    "patches/extraction/generator_tokenizer.py:TokenizerTrustRemoteCode.install.AutoTokenizer.from_pretrained":
         "tokenizer-trust-remote-code: the generator's AutoTokenizer, only where its guard found speculators "
         "trusting the same model_path for AutoConfig and vLLM's ModelConfig (which also loads the tokenizer)",
-    "patches/training_verifier.py:VerifierConfigTextModel.install.for_speculators":
+    "patches/training/verifier.py:VerifierConfigTextModel.install.for_speculators":
         "verifier-config-text-model: speculators' training code (or a script built on speculators) loading a "
         "config.json that declares auto_map.AutoConfig - speculators' training code itself never trusts",
     "cli/selftest.py:_run_checks":

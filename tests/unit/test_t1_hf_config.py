@@ -13,7 +13,7 @@ from typing import Annotated, Literal, Optional, Union
 
 import pytest
 
-from spec_compat.patches import transformers5 as t5
+from spec_compat.patches.training import transformers5 as t5
 from spec_compat.core.registry import Changes, TargetChanged
 from spec_compat.shims import hf_config
 from spec_compat.shims.attn_mask import StandInFinder

@@ -8,12 +8,12 @@ import logging
 from types import ModuleType
 from typing import Any
 
-from ..core.proof import Proof, MEASURED
-from ..core.registry import Changes, Patch, TargetChanged, register
-from ..shims.swap import swapped
-from ..shims.training_views import TorchFusedAdamWView
-from . import _guards as guard
-from .training_modules import SPEC_TRAIN, TRAINER
+from ...core.proof import Proof, MEASURED
+from ...core.registry import Changes, Patch, TargetChanged, register
+from ...shims.swap import swapped
+from ...shims.training_views import TorchFusedAdamWView
+from .. import _guards as guard
+from .targets import SPEC_TRAIN, TRAINER
 
 log = logging.getLogger("spec_compat")
 

@@ -26,10 +26,10 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from ..core.proof import Proof, T1_STEPS
-from ..core.registry import Changes, Patch, TargetChanged, register
-from ..shims import hf_config
-from . import _guards as guard
+from ...core.proof import Proof, T1_STEPS
+from ...core.registry import Changes, Patch, TargetChanged, register
+from ...shims import hf_config
+from .. import _guards as guard
 
 SPEC_T1 = ">=0.3,<0.5"
 TF_CONFIG = "transformers.configuration_utils"
@@ -186,7 +186,7 @@ ATTN_MASK_UTILS = "transformers.modeling_attn_mask_utils"
 
 
 def _populate_attn_mask_utils(module: ModuleType) -> None:
-    from ..shims.attn_mask import prepare_4d_causal_attention_mask
+    from ...shims.attn_mask import prepare_4d_causal_attention_mask
 
     module.__doc__ = ("spec-compat stand-in for the module transformers 5.24 removed: only "
                       "_prepare_4d_causal_attention_mask, which speculators < 0.5 imports")
@@ -218,7 +218,7 @@ class AttnMaskUtilsModule(Patch):
             raise TargetChanged(f"transformers ships {ATTN_MASK_UTILS} ({spec.origin})")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ..shims.attn_mask import StandInFinder
+        from ...shims.attn_mask import StandInFinder
 
         finder = StandInFinder(ATTN_MASK_UTILS, _populate_attn_mask_utils)
         sys.meta_path.append(finder)

@@ -10,15 +10,15 @@ import logging
 from types import ModuleType
 from typing import Any
 
-from ..core.naming import through
-from ..core.proof import Proof, MEASURED, TRAINING
-from ..core.registry import Changes, Patch, TargetChanged, register
-from ..shims.device import accelerator_available
-from ..shims.swap import swapped
-from ..shims.training_views import CpuRank, DistView, TorchLoadView
-from . import _guards as guard
-from .ranges import SPEC_03
-from .training_modules import ATTENTION, CHECKPOINTER, CORE, DRAFT, SPEC_TRAIN, TRAINER, UTILS
+from ...core.naming import through
+from ...core.proof import Proof, MEASURED, TRAINING
+from ...core.registry import Changes, Patch, TargetChanged, register
+from ...shims.device import accelerator_available
+from ...shims.swap import swapped
+from ...shims.training_views import CpuRank, DistView, TorchLoadView
+from .. import _guards as guard
+from ..ranges import SPEC_03
+from .targets import ATTENTION, CHECKPOINTER, CORE, DRAFT, SPEC_TRAIN, TRAINER, UTILS
 
 log = logging.getLogger("spec_compat")
 
@@ -241,7 +241,7 @@ class DraftAttentionWithoutFlexBackward(Patch):
             raise TargetChanged("'simple_flex_attention' is not registered as flex_attention_forward")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ..shims.attention import sdpa_with_block_mask
+        from ...shims.attention import sdpa_with_block_mask
 
         inner = module.flex_attention_forward
         registry = module.ALL_ATTENTION_FUNCTIONS

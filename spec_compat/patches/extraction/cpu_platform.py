@@ -14,10 +14,10 @@ import logging
 from types import ModuleType
 from typing import Any
 
-from ..core.versions import providers
-from ..core.proof import Proof
-from ..core.registry import Changes, NotNeeded, Patch, TargetChanged, register
-from . import _guards as guard
+from ...core.versions import providers
+from ...core.proof import Proof
+from ...core.registry import Changes, NotNeeded, Patch, TargetChanged, register
+from .. import _guards as guard
 
 log = logging.getLogger("spec_compat")
 

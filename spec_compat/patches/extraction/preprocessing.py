@@ -9,12 +9,12 @@ import logging
 from types import ModuleType
 from typing import Any
 
-from ..core.naming import through
-from ..core.proof import Proof
-from ..core.registry import Changes, Patch, TargetChanged, register
-from ..shims.device import accelerator_available
-from . import _guards as guard
-from .ranges import SPEC_04
+from ...core.naming import through
+from ...core.proof import Proof
+from ...core.registry import Changes, Patch, TargetChanged, register
+from ...shims.device import accelerator_available
+from .. import _guards as guard
+from ..ranges import SPEC_04
 
 log = logging.getLogger("spec_compat")
 
@@ -46,7 +46,7 @@ class SlowTokenizerOffsets(Patch):
             raise TargetChanged("_preprocess_batch no longer asks for offsets")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ..shims.offsets import OffsetsTokenizer
+        from ...shims.offsets import OffsetsTokenizer
 
         inner = module._preprocess_batch
         names = list(inspect.signature(inner).parameters)

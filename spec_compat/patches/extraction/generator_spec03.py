@@ -11,12 +11,12 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from ..core import bindings, switches
-from ..core.proof import Proof, SELFTEST
-from ..core.registry import Changes, Patch, TargetChanged, register
-from . import _guards as guard
-from ._generator_target import GENERATOR
-from .ranges import SPEC_03
+from ...core import bindings, switches
+from ...core.proof import Proof, SELFTEST
+from ...core.registry import Changes, Patch, TargetChanged, register
+from .. import _guards as guard
+from .generator_target import GENERATOR
+from ..ranges import SPEC_03
 
 
 @register
@@ -88,7 +88,7 @@ class KvCacheMemoryFromPlatform(Patch):
             raise TargetChanged(f"{GENERATOR}.torch is not the torch module with cuda.mem_get_info")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ..shims.memory import TorchView
+        from ...shims.memory import TorchView
 
         changes.setattr(module, "torch", TorchView(module.torch, self.id))
 
@@ -294,8 +294,8 @@ class RowsByRequestId(Patch):
         guard.has_attrs(guard.attr(module, "Scheduler"), "Scheduler", "add_request")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ..shims import handoff
-        from ..shims.capture import RowCountError, find_payload
+        from ...shims import handoff
+        from ...shims.capture import RowCountError, find_payload
 
         def add_request(wrapped: Any, sched: Any, args: tuple, kwargs: dict) -> Any:
             req = args[0] if args else kwargs["request"]

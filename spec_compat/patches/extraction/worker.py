@@ -11,10 +11,10 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from ..core.proof import Proof, SELFTEST
-from ..core.registry import Changes, Patch, register
-from . import _guards as guard
-from .ranges import SPEC_03, SPEC_04
+from ...core.proof import Proof, SELFTEST
+from ...core.registry import Changes, Patch, register
+from .. import _guards as guard
+from ..ranges import SPEC_03, SPEC_04
 
 #: speculators' worker extension module (loaded in vLLM's workers)
 CUSTOM_WORKER = "speculators.data_generation.custom_worker"
@@ -42,7 +42,7 @@ class WorkerForwardEmbedInputIds(Patch):
                         "_setup_hidden_states_capture", "_store_captured_states")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ..shims.capture import capture_forward
+        from ...shims.capture import capture_forward
 
         changes.setattr(module, "_patched_forward", capture_forward)
 
@@ -72,7 +72,7 @@ class DecoderStackLocator(Patch):
         import logging
         import types
 
-        from ..shims.decoder import find_decoder_stack
+        from ...shims.decoder import find_decoder_stack
 
         log = logging.getLogger("spec_compat")
 
@@ -111,7 +111,7 @@ class CaptureLayerHooks(Patch):
                         "_setup_hidden_states_capture", "_store_captured_states")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ..shims.decoder import hook_layers
+        from ...shims.decoder import hook_layers
 
         ext = module.HiddenStatesWorkerExtension
         inner = ext._setup_hidden_states_capture
@@ -157,7 +157,7 @@ class CapturePerRequest(Patch):
         guard.has_attrs(guard.attr(module, "HiddenStatesWorkerExtension"), "HiddenStatesWorkerExtension", *self._METHODS)
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ..shims.capture import BY_REQUEST, PerRequestStore
+        from ...shims.capture import BY_REQUEST, PerRequestStore
 
         ext = module.HiddenStatesWorkerExtension
         orig_setup = ext._setup_hidden_states_capture
@@ -232,8 +232,8 @@ class CaptureHandoffShm(Patch):
                         *CapturePerRequest._METHODS)
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ..shims.capture import BY_REQUEST, PerRequestStore
-        from ..shims.handoff import SegmentedCapture, unlink_segment
+        from ...shims.capture import BY_REQUEST, PerRequestStore
+        from ...shims.handoff import SegmentedCapture, unlink_segment
 
         patch = self
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from ..core.proof import Proof, SELFTEST
-from ..core.registry import Changes, Patch, TargetChanged, register
-from . import _guards as guard
-from ._generator_target import GENERATOR, generator_source
+from ...core.proof import Proof, SELFTEST
+from ...core.registry import Changes, Patch, TargetChanged, register
+from .. import _guards as guard
+from .generator_target import GENERATOR, generator_source
 
 
 def _tokenizer_path_is_trusted(class_source: str) -> str:

@@ -8,14 +8,14 @@ import logging
 from types import ModuleType
 from typing import Any
 
-from ..core.naming import through
-from ..core.proof import Proof, TRAINING
-from ..core.registry import Changes, Patch, TargetChanged, register
-from ..shims.callers import caller_is_speculators
-from ..shims.hf_config import declares_remote_config
-from . import _guards as guard
-from .ranges import SPEC_03
-from .training_modules import AUTO_CONFIG, CORE, SPEC_TRAIN
+from ...core.naming import through
+from ...core.proof import Proof, TRAINING
+from ...core.registry import Changes, Patch, TargetChanged, register
+from ...shims.callers import caller_is_speculators
+from ...shims.hf_config import declares_remote_config
+from .. import _guards as guard
+from ..ranges import SPEC_03
+from .targets import AUTO_CONFIG, CORE, SPEC_TRAIN
 
 log = logging.getLogger("spec_compat")
 
@@ -47,7 +47,7 @@ class VerifierConfigTextModel(Patch):
         guard.has_params(raw.__func__, "AutoConfig.from_pretrained", "pretrained_model_name_or_path")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ..shims.verifier import text_config
+        from ...shims.verifier import text_config
 
         def from_pretrained(wrapped: Any, klass: Any, args: tuple, kwargs: dict) -> Any:
             # caller_is_speculators() starts at this wrapper's caller (wrapt's frames are passed over)
@@ -85,7 +85,7 @@ class VerifierWeightsWrapperPrefix(Patch):
         guard.has_params(guard.attr(module, "load_model_layers"), f"{CORE}.load_model_layers", "layer_names", "model_path")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ..shims.verifier import checkpoint_names, find_prefixed
+        from ...shims.verifier import checkpoint_names, find_prefixed
 
         def load_model_layers(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
             return _load_model_layers(wrapped, *args, **kwargs)

@@ -6,11 +6,11 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from ..core.proof import Proof, SELFTEST
-from ..core.registry import Changes, Patch, TargetChanged, register
-from . import _guards as guard
-from ._generator_target import GENERATOR, check_generate_params, generator_source
-from .ranges import SPEC_04
+from ...core.proof import Proof, SELFTEST
+from ...core.registry import Changes, Patch, TargetChanged, register
+from .. import _guards as guard
+from .generator_target import GENERATOR, check_generate_params, generator_source
+from ..ranges import SPEC_04
 
 
 @register
@@ -35,7 +35,7 @@ class MemGetInfoFromPlatform(Patch):
         guard.exact_params(fn, f"{GENERATOR}.mem_get_info")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ..shims.memory import platform_mem_get_info
+        from ...shims.memory import platform_mem_get_info
 
         original = module.mem_get_info
 
@@ -71,7 +71,7 @@ class ResultsInInputOrder(Patch):
             raise TargetChanged("generate() no longer iterates sorted(request_id_to_idx)")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ..shims.batching import restore_input_order
+        from ...shims.batching import restore_input_order
 
         cls = module.VllmHiddenStatesGenerator
         inner = cls.generate
@@ -103,7 +103,7 @@ class GenerateInFittingBatches(Patch):
             raise TargetChanged("generate() no longer runs the all_prefill_complete loop")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ..shims.batching import split_to_fit
+        from ...shims.batching import split_to_fit
 
         cls = module.VllmHiddenStatesGenerator
         inner = cls.generate

@@ -10,10 +10,10 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from ..core.proof import Proof, SERVING
-from ..core.registry import Changes, NotNeeded, Patch, TargetChanged, register
-from . import _guards as guard
-from ._statements import function_statements
+from ...core.proof import Proof, SERVING
+from ...core.registry import Changes, NotNeeded, Patch, TargetChanged, register
+from .. import _guards as guard
+from .._statements import function_statements
 
 CPU_RUNNER = "vllm.v1.worker.cpu_model_runner"
 VLLM_CPU_SPEC = ">=0.15,<0.17"
@@ -197,7 +197,7 @@ class _TorchKernels(Patch):
         raise NotImplementedError
 
     def check(self, module: ModuleType) -> None:
-        from ..shims.spec_decode import kernel_arg_names
+        from ...shims.spec_decode import kernel_arg_names
 
         _require_cpu_platform()
         for name, stand_in in self._kernels().items():
@@ -206,7 +206,7 @@ class _TorchKernels(Patch):
                 raise TargetChanged(f"{module.__name__}.{name} takes {names}, the stand-in {stand_in.arg_names}")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ..shims.spec_decode import TritonHelpers
+        from ...shims.spec_decode import TritonHelpers
 
         for name, stand_in in self._kernels().items():
             changes.setattr(module, name, stand_in)
@@ -230,7 +230,7 @@ class CpuRejectionSampler(_TorchKernels):
     side = "worker"
 
     def _kernels(self) -> dict[str, Any]:
-        from ..shims.spec_decode import REJECTION_KERNELS
+        from ...shims.spec_decode import REJECTION_KERNELS
 
         return REJECTION_KERNELS
 
@@ -250,6 +250,6 @@ class CpuEaglePaddedBatch(_TorchKernels):
     side = "worker"
 
     def _kernels(self) -> dict[str, Any]:
-        from ..shims.spec_decode import EAGLE_KERNELS
+        from ...shims.spec_decode import EAGLE_KERNELS
 
         return EAGLE_KERNELS

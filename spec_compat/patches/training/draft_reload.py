@@ -8,10 +8,10 @@ import logging
 from types import ModuleType
 from typing import Any
 
-from ..core.proof import Proof
-from ..core.registry import Changes, Patch, TargetChanged, register
-from . import _guards as guard
-from .training_modules import CORE, DRAFT, SPEC_TRAIN
+from ...core.proof import Proof
+from ...core.registry import Changes, Patch, TargetChanged, register
+from .. import _guards as guard
+from .targets import CORE, DRAFT, SPEC_TRAIN
 
 log = logging.getLogger("spec_compat")
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from ..core.proof import Proof, SERVING
-from ..core.registry import Changes, Patch, TargetChanged, register
-from . import _guards as guard
-from ._statements import function_statements
+from ...core.proof import Proof, SERVING
+from ...core.registry import Changes, Patch, TargetChanged, register
+from .. import _guards as guard
+from .._statements import function_statements
 
 VLLM_S1 = ">=0.15,<0.18"
 DEEPSEEK_FAMILY = ("deepseek_v2", "deepseek_v3", "kimi_k2", "kimi_k25")
@@ -85,7 +85,7 @@ class Eagle3DeepseekAllowList(Patch):
 
 def _eagle3_methods(patch_id: str, find_stack: Any) -> dict[str, Any]:
     """``SupportsEagle3`` members for a model class whose decoder loop has no aux states."""
-    from ..shims.aux_states import AuxStateCollector, default_aux_layers
+    from ...shims.aux_states import AuxStateCollector, default_aux_layers
 
     def set_aux_hidden_state_layers(self: Any, layers: tuple[int, ...]) -> None:
         old = self.__dict__.pop("_spec_compat_aux", None)
@@ -106,7 +106,7 @@ def _eagle3_methods(patch_id: str, find_stack: Any) -> dict[str, Any]:
 
 
 def _install_eagle3(cls: Any, patch_id: str, changes: Changes) -> None:
-    from ..shims.decoder import find_decoder_stack
+    from ...shims.decoder import find_decoder_stack
 
     for name, value in _eagle3_methods(patch_id, find_decoder_stack).items():
         if name.startswith("has_own_") and hasattr(cls, name):

@@ -9,11 +9,11 @@ import logging
 from types import ModuleType
 from typing import Any
 
-from ..core.proof import Proof
-from ..core.registry import Changes, Patch, TargetChanged, register
-from . import _guards as guard
-from .ranges import SPEC_03
-from .training_modules import CORE, DRAFT, SPEC_TRAIN, TRAINER
+from ...core.proof import Proof
+from ...core.registry import Changes, Patch, TargetChanged, register
+from .. import _guards as guard
+from ..ranges import SPEC_03
+from .targets import CORE, DRAFT, SPEC_TRAIN, TRAINER
 
 log = logging.getLogger("spec_compat")
 
@@ -43,7 +43,7 @@ class TargetsAfterFinalNorm(Patch):
             raise TargetChanged(f"{DRAFT} already applies a verifier norm")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ..shims.verifier import rms_norm
+        from ...shims.verifier import rms_norm
 
         cls = getattr(module, DRAFT)
         forward = cls.forward
@@ -105,7 +105,7 @@ class DraftNamesItsAuxLayers(Patch):
         guard.has_params(cls.__init__, "Trainer.__init__", "model", "config", "train_loader")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ..shims.verifier import aux_layer_ids_for_vllm, captured_layer_ids, data_config_for
+        from ...shims.verifier import aux_layer_ids_for_vllm, captured_layer_ids, data_config_for
 
         def save_checkpoint(wrapped: Any, trainer: Any, args: tuple, kwargs: dict) -> Any:
             config = getattr(getattr(trainer, "model", None), "config", None)

@@ -13,10 +13,10 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from ..core.proof import Proof, SELFTEST
-from ..core.registry import Changes, Patch, TargetChanged, register
-from ..shims.swap import swapped
-from . import _guards as guard
+from ...core.proof import Proof, SELFTEST
+from ...core.registry import Changes, Patch, TargetChanged, register
+from ...shims.swap import swapped
+from .. import _guards as guard
 
 KIMI = "vllm.model_executor.models.kimi_k25"
 CLS = "KimiK25ForConditionalGeneration"

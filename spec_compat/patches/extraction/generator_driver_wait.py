@@ -7,11 +7,11 @@ import logging
 from types import ModuleType
 from typing import Any
 
-from ..core import bindings, switches
-from ..core.proof import Proof
-from ..core.registry import Changes, NotNeeded, Patch, TargetChanged, register
-from . import _guards as guard
-from ._generator_target import GENERATOR
+from ...core import bindings, switches
+from ...core.proof import Proof
+from ...core.registry import Changes, NotNeeded, Patch, TargetChanged, register
+from .. import _guards as guard
+from .generator_target import GENERATOR
 
 log = logging.getLogger("spec_compat")
 
@@ -53,7 +53,7 @@ class DriverWaitYieldsCpu(Patch):
                             "machine; set it to 'sleep' when other work shares the CPU)")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ..shims.polling import YieldingTimer
+        from ...shims.polling import YieldingTimer
 
         def init(wrapped: Any, executor: Any, args: tuple, kwargs: dict) -> Any:
             out = wrapped(*args, **kwargs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import _guards as guard
+from .. import _guards as guard
 
 #: speculators' hidden-states generator module: every generator patch targets a name bound in it
 GENERATOR = "speculators.data_generation.vllm_hidden_states_generator"

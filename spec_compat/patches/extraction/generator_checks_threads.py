@@ -6,11 +6,11 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from ..core import switches
-from ..core.proof import Proof
-from ..core.registry import Changes, NotNeeded, Patch, TargetChanged, register
-from ._generator_target import GENERATOR, check_generate_params, generator_source
-from .ranges import SPEC_03
+from ...core import switches
+from ...core.proof import Proof
+from ...core.registry import Changes, NotNeeded, Patch, TargetChanged, register
+from .generator_target import GENERATOR, check_generate_params, generator_source
+from ..ranges import SPEC_03
 
 
 @register
@@ -38,7 +38,7 @@ class GeneratorInputChecks(Patch):
             raise TargetChanged("generate() no longer truncates with ids[:max_len]")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ..shims.inputs import check_finite, check_inputs, check_results
+        from ...shims.inputs import check_finite, check_inputs, check_results
 
         cls = module.VllmHiddenStatesGenerator
         inner = cls.generate
@@ -88,7 +88,7 @@ class DriverTorchThreads(Patch):
     def install(self, module: ModuleType, changes: Changes) -> None:
         import torch
 
-        from ..shims.threads import torch_threads
+        from ...shims.threads import torch_threads
 
         n = switches.value(switches.DRIVER_THREADS_VAR)
         assert n is not None  # check() made 'keep' not-needed

@@ -1,0 +1,1 @@
+"""Patches for speculators' hidden-state extraction through vLLM (generator, worker, platform)."""

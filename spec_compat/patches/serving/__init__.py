@@ -1,0 +1,1 @@
+"""Patches for serving the trained draft in vLLM as EAGLE-3 speculator."""

@@ -1,0 +1,1 @@
+"""Patches for speculators' trainer (speculators.train, the Eagle3 draft model)."""

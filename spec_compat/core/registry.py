@@ -53,7 +53,7 @@ class Patch:
     requires: ClassVar[Mapping[str, str] | tuple[Mapping[str, str], ...]] = {}
     #: ids of patches made unnecessary while this one is applied (same failure, better fix)
     supersedes: ClassVar[tuple[str, ...]] = ()
-    #: failure-catalog ids this patch answers (BRIEF §3)
+    #: failure ids this patch answers (docs/failures.md)
     fixes: ClassVar[tuple[str, ...]] = ()
     #: where the shim acts: "driver" (the process running speculators), "worker"
     #: (vLLM worker processes, through the plugin) or "platform"

@@ -1,4 +1,5 @@
-"""A reply wait that leaves the CPU to the worker (issue #7, P2; opt-in patch driver-wait-yields-cpu).
+"""A reply wait that leaves the CPU to the worker (opt-in patch driver-wait-yields-cpu;
+performance goal P2 in benchmarks/RESULTS.md).
 
 vLLM's ``MessageQueue.acquire_read`` polls its shared-memory ring with ``sched_yield()``
 in a tight loop (``SpinTimer``).  speculators' driver waits like that for every forward

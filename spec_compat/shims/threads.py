@@ -4,8 +4,8 @@ On a CPU platform vLLM's worker process runs the model's threads on the same cor
 speculators' driver copies the captured rows (one ``clone()`` per sequence and layer).  Measured
 on the Llama fixture (2 cores, vLLM 0.16): with torch's default pool in the driver those copies
 took about ten times longer than the same copies timed alone, and with one thread the driver's
-CPU per token halved (benchmarks/RESULTS.md, P2).  Likely, not verified: each copy is split
-over intra-op threads that have to wait for a core the worker holds.
+CPU per token halved (benchmarks/RESULTS.md, goal P2).  Why the pool is slower there was not
+measured; only the effect of one thread was.
 """
 
 from __future__ import annotations

@@ -277,9 +277,9 @@ class TwoPhaseStep(Patch):
 
 @register
 class RowsByRequestId(Patch):
-    """Driver half of F10: the per-request rows from the worker are put back in
-    the order the requests were added, and every request's row count must equal
-    its prompt length (upstream issue #279's silent class becomes an error)."""
+    """Driver half of F10 (docs/failures.md): the per-request rows from the worker are
+    put back in the order the requests were added, and every request's row count must
+    equal its prompt length (speculators issue #279's silent class becomes an error)."""
 
     id = "rows-by-request-id"
     proof = Proof("fails", SELFTEST, r"AttributeError: 'str' object has no attribute 'clone'", using="llama short")

@@ -1,4 +1,5 @@
-"""EAGLE-3 for DeepSeek-V2/V3 and Kimi-K2.5 targets before vLLM 0.18 (BRIEF S1), inside vLLM's workers.
+"""EAGLE-3 for DeepSeek-V2/V3 and Kimi-K2.5 targets before vLLM 0.18 (failure S1 in
+docs/failures.md), inside vLLM's workers.
 
 The speculative config's model-type allow-list, and the ``SupportsEagle3`` capability
 (aux hidden states out of the decoder loop) on the DeepSeek model and the Kimi-K2.5 wrapper.

@@ -1,5 +1,5 @@
 """Hand-off of captured hidden states from a worker to the driver without pickling them
-(issue #7, P4 and P5).
+(performance goals P4 and P5 in benchmarks/RESULTS.md).
 
 Upstream (speculators 0.3.x) keeps one list of step tensors per layer in the worker,
 ``torch.cat``-s them at the end (about 2x the captured bytes at peak) and returns them

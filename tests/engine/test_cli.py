@@ -87,6 +87,10 @@ def test_evaluate_json_is_the_whole_stdout(llama_dir, tmp_path):
     reason = serving_unsupported()
     if reason:
         pytest.skip(reason)
+    if not (installed_version("speculators") or "").startswith("0.3."):
+        # stdout handling is spec-compat's and vLLM's, not speculators': both CI cells have vLLM 0.16,
+        # so one of them pays for the two engine starts
+        pytest.skip("run in the speculators 0.3 cell of the same vLLM")
     vocab = tmp_path / "vocab"
     vocab.mkdir()
     np.save(vocab / "d2t.npy", np.zeros(512, dtype=np.int64))  # identity mapping of the 512-token fixture

@@ -58,6 +58,8 @@ PATCH_IDS: tuple[str, ...] = (
     "eagle3-deepseek-allow-list",
     "eagle3-deepseek-aux-states",
     "eagle3-kimi-k25-aux-states",
+    "ehs-config",
+    "ehs-capture",
 )
 
 TARGET_MODULES: tuple[str, ...] = (
@@ -74,6 +76,7 @@ TARGET_MODULES: tuple[str, ...] = (
     "transformers",
     "transformers.configuration_utils",
     "transformers.models.auto.configuration_auto",
+    "vllm.config",
     "vllm.config.speculative",
     "vllm.model_executor.models.deepseek_v2",
     "vllm.model_executor.models.kimi_k25",

@@ -7,6 +7,8 @@ it imports no target (targets are reached lazily through post-import hooks).
   and precision as served, draft reload, transformers 5
 * ``serving/``    - the trained draft served by vLLM as EAGLE-3 speculator: CPU speculative
   decoding, DeepSeek-V3 / Kimi-K2.5 backbones
+* ``hidden_states/`` - vLLM's hidden-states extraction API (speculators >= 0.5's server path)
+  on vLLM 0.15/0.16
 
 The import order below is the registration order (``PATCH_IDS``, the order of ``report``).
 """
@@ -17,3 +19,4 @@ from .extraction import cpu_platform, worker, kimi_k25, preprocessing  # noqa: F
 from .training import verifier, without_cuda, as_served, precision, draft_reload  # noqa: F401
 from .training import transformers5  # noqa: F401
 from .serving import cpu_spec_decode, eagle3_deepseek  # noqa: F401
+from .hidden_states import config, capture  # noqa: F401

@@ -34,7 +34,7 @@ def test_patch_declaration(patch: Patch):
         assert isinstance(value, str) and value.strip(), attr
     assert TARGET.match(patch.target), patch.target
     assert patch.target_module and patch.target_attr
-    assert patch.side in {"driver", "worker", "platform"}
+    assert patch.side in {"driver", "worker", "platform", "server", "engine"}
     assert isinstance(patch.fixes, tuple)
 
     doc = cls.__doc__

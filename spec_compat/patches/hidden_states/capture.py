@@ -1,0 +1,109 @@
+"""The rows behind ``extract_hidden_states`` on vLLM 0.15/0.16: hooks on the decoder stack.
+
+vLLM 0.17 captures through a drafter model with a cache-only attention layer
+(``model_executor/models/extract_hidden_states.py``); 0.15/0.16 have neither, and their aux
+states cover ids 1..N-1 of Llama only.  After the KV cache exists, TP rank 0 gets a store shaped
+like it (one row per KV slot) and hooks that write every requested id, 0..N, for every model.
+The CPU runner only, so far: vLLM's GPU runner is not covered (its workers fail with the
+connector's "no hidden-state store" error).
+"""
+
+from __future__ import annotations
+
+import logging
+from types import ModuleType
+from typing import Any
+
+from ...core.proof import Proof
+from ...core.registry import Changes, Patch, TargetChanged, register
+from ...shims.hidden_states.contract import SETTINGS_KEY
+from .. import _guards as guard
+from . import VLLM_WITHOUT_EHS
+from .config import SERVER_PROOF
+
+log = logging.getLogger("spec_compat")
+PREFIX = "spec_compat[ehs-capture]: "
+
+
+def _current_slots() -> Any:
+    """The slot of each token of this step (any layer of the single KV-cache group), or None
+    outside a scheduled step."""
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    if not is_forward_context_available():
+        return None
+    mapping = get_forward_context().slot_mapping
+    if isinstance(mapping, list):
+        raise RuntimeError(f"{PREFIX}micro-batched forward contexts are not supported")
+    if not mapping:
+        return None
+    return next(iter(mapping.values()))
+
+
+def _install(runner: Any, kv_cache_config: Any) -> None:
+    from vllm.config import CompilationMode
+    from vllm.distributed import get_tensor_model_parallel_rank
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    from ...shims.decoder import find_decoder_stack
+    from ...shims.hidden_states.store import HiddenStatesStore, install_capture
+
+    settings = runner.vllm_config.kv_transfer_config.kv_connector_extra_config[SETTINGS_KEY]
+    if get_tensor_model_parallel_rank() != 0:
+        return  # rank 0 captures and writes; every rank computes the same states
+    mode = runner.vllm_config.compilation_config.mode
+    if mode != CompilationMode.NONE:
+        raise RuntimeError(f"{PREFIX}the capture hooks need eager execution; compilation mode is {mode!r}")
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) != 1:
+        raise RuntimeError(f"{PREFIX}the target has {len(groups)} KV-cache groups; one is supported")
+    stack = find_decoder_stack(runner.get_model(), "ehs-capture")
+    n = settings["num_hidden_layers"]
+    if len(stack.layers) != n:
+        raise RuntimeError(f"{PREFIX}the model's decoder stack has {len(stack.layers)} layers, its config says {n}")
+    store = HiddenStatesStore(settings["layer_ids"], settings["hidden_size"], kv_cache_config.num_blocks,
+                              groups[0].kv_cache_spec.block_size, runner.model_config.dtype, runner.device)
+    old = getattr(runner, "_spec_compat_ehs_hooks", ())
+    for h in old:
+        h.remove()
+    runner._spec_compat_ehs_hooks = install_capture(stack.layers, store, _current_slots)
+    if not has_kv_transfer_group():
+        raise RuntimeError(f"{PREFIX}no KV connector in this worker")
+    get_kv_transfer_group().attach_store(store)
+    log.info("spec_compat: extract_hidden_states: capturing ids %s; store %d blocks x %d tokens, %.1f MiB "
+             "next to the KV cache", settings["layer_ids"], kv_cache_config.num_blocks, store.block_size,
+             store.nbytes / 2**20)
+
+
+def _initialize_kv_cache(wrapped: Any, runner: Any, args: tuple, kwargs: dict) -> Any:
+    result = wrapped(*args, **kwargs)
+    kv = runner.vllm_config.kv_transfer_config
+    if kv is not None and SETTINGS_KEY in (kv.kv_connector_extra_config or {}):
+        _install(runner, runner.kv_cache_config)  # the runner's own copy (guarded in check)
+    return result
+
+
+@register
+class ExtractHiddenStatesCapture(Patch):
+    """vLLM <=0.16 has no ``ExtractHiddenStatesModel`` / cache-only layer (0.17,
+    ``models/extract_hidden_states.py``) and no aux states for id 0, id N or DeepSeek/Kimi."""
+
+    id = "ehs-capture"
+    proof = Proof("fails", SERVER_PROOF, r"no hidden-state store in this worker")
+    summary = ("extract_hidden_states rows: hooks on the decoder stack write ids 0..N (input of layer i; "
+               "N = last layer's output before the norm) at each token's KV slot, TP rank 0")
+    upstream = "vLLM <=0.16 has no extract_hidden_states model/proposer (0.17 models/extract_hidden_states.py)"
+    target = "vllm.v1.worker.cpu_model_runner:CPUModelRunner"
+    requires = {"vllm": VLLM_WITHOUT_EHS}
+    side = "worker"
+
+    def check(self, module: ModuleType) -> None:
+        cls = guard.attr(module, "CPUModelRunner")
+        guard.has_params(cls.initialize_kv_cache, "CPUModelRunner.initialize_kv_cache", "kv_cache_config")
+        guard.has_attrs(cls, "CPUModelRunner", "get_model")
+        if "self.kv_cache_config = kv_cache_config" not in guard.source(cls.initialize_kv_cache,
+                                                                         "CPUModelRunner.initialize_kv_cache"):
+            raise TargetChanged("CPUModelRunner.initialize_kv_cache no longer keeps self.kv_cache_config")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        changes.wrap(module.CPUModelRunner, "initialize_kv_cache", _initialize_kv_cache)

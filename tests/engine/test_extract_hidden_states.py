@@ -1,0 +1,141 @@
+"""vLLM's hidden-states extraction API on vLLM 0.15/0.16 (patches ehs-*): every requested layer
+id, every row, against a transformers forward of the same weights.
+
+Workload per engine: a long prompt (several KV blocks, over the chunk budget), then in a second
+``generate`` call prompts sharing its 3-block prefix (prefix-cache hits, asserted), and a batch
+larger than one scheduler step.  Two engines: prefix caching + chunked prefill on (budget 64
+tokens), and both off.  ids 0..N of the 4-layer Llama fixture: id 0 (embedding) and id N (before
+the final norm) included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spec_compat.core.proof import proof_cases
+
+pytestmark = pytest.mark.skipif(
+    not any(p.id == "ehs-config" and p.needed()[0] for p in __import__("spec_compat").REGISTRY.patches()),
+    reason="vLLM has its own extract_hidden_states (or this is not a vLLM 0.15/0.16 cell)")
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNNER = ROOT / "tests" / "support" / "ehs_engine.py"
+BLOCK = 16
+LAYER_IDS = [0, 1, 2, 3, 4]
+#: fp32 on both sides: max |diff| <= TOL * max |reference| per request and layer
+TOL = 1e-5
+
+
+def run_engine(spec: dict, tmp: Path, disable: str | None = None, timeout: int = 600):
+    path = tmp / f"spec-{len(list(tmp.glob('spec-*.json')))}.json"
+    path.write_text(json.dumps(spec))
+    env = dict(os.environ)
+    env.pop("SPEC_COMPAT_DISABLE", None)
+    if disable:
+        env["SPEC_COMPAT_DISABLE"] = disable
+    proc = subprocess.run([sys.executable, str(RUNNER), str(path)], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=str(tmp))
+    result = None
+    for line in proc.stdout.splitlines():
+        if line.startswith("SPEC_COMPAT_RESULT "):
+            result = json.loads(line.split(" ", 1)[1])
+    return proc, result
+
+
+def _prompts(seed: int) -> list[list[list[int]]]:
+    rng = random.Random(seed)
+    tok = lambda n: [rng.randrange(1, 250) for _ in range(n)]  # noqa: E731
+    long = tok(300)  # 19 blocks of 16, over 4x the chunk budget of 64
+    shared = [long[:3 * BLOCK + 5] + tok(40 + 7 * k) for k in range(3)]  # 3 full blocks shared
+    batch = [tok(20 + 9 * k) for k in range(12)]  # 12 prompts, 834 tokens: many steps of 64
+    return [[long], shared + batch]
+
+
+def _engine(prefix: bool, chunked: bool) -> dict:
+    engine = {"dtype": "float32", "block_size": BLOCK, "max_model_len": 512,
+              "enable_prefix_caching": prefix, "enable_chunked_prefill": chunked}
+    engine["max_num_batched_tokens"] = 64 if chunked else 512
+    return engine
+
+
+def _check_files(model_dir: Path, result: list[dict]) -> list[str]:
+    """Each request's file against the reference; returns one line per request (max diffs)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from spec_compat.verify.compare import compare_states
+    from spec_compat.verify.hidden_states_reference import reference_rows
+    from spec_compat.verify.reference import load_reference_model
+
+    model = load_reference_model(str(model_dir), "float32")
+    lines = []
+    for k, r in enumerate(result):
+        params = r["kv_transfer_params"]
+        assert params and params.get("hidden_states_path"), f"request {k}: no hidden_states_path in {params}"
+        path = params["hidden_states_path"]
+        assert os.path.isfile(path), path
+        assert not os.path.exists(path + ".error")
+        data = load_file(path)
+        assert set(data) == {"hidden_states", "token_ids"}, sorted(data)
+        ids = r["prompt_token_ids"]
+        assert data["token_ids"].dtype == torch.int64 and data["token_ids"].tolist() == ids
+        want = reference_rows(model, ids, LAYER_IDS)
+        got = data["hidden_states"]
+        assert got.shape == (len(ids), len(LAYER_IDS), want.shape[-1]), (got.shape, want.shape)
+        diffs = []
+        for c, layer in enumerate(LAYER_IDS):
+            scale = float(want[:, c].abs().max())
+            cmp = compare_states(got[:, c], want[:, c], tolerance=TOL * scale, sides=("engine", "reference"))
+            assert cmp, f"request {k} ({len(ids)} tokens) layer id {layer}: {cmp.detail}"
+            diffs.append(cmp.max_abs_diff / scale)
+        lines.append(f"request {k}: {len(ids)} rows, cached {r['num_cached_tokens']}, "
+                     f"max |diff|/max|ref| per id {['%.1e' % d for d in diffs]}")
+    return lines
+
+
+@pytest.mark.parametrize("prefix,chunked", [(True, True), (False, False)], ids=["prefix+chunked", "plain"])
+def test_rows_equal_reference(llama_dir, tmp_path, prefix, chunked):
+    storage = tmp_path / "hs"
+    waves = _prompts(seed=1)
+    spec = {"model": str(llama_dir), "layer_ids": LAYER_IDS, "storage": str(storage),
+            "engine": _engine(prefix, chunked), "waves": waves}
+    proc, result = run_engine(spec, tmp_path)
+    assert proc.returncode == 0 and result is not None, proc.stderr[-4000:]
+    assert len(result) == sum(len(w) for w in waves)
+    for r, ids in zip(result, [ids for w in waves for ids in w]):
+        assert r["prompt_token_ids"] == ids
+    cached = [r["num_cached_tokens"] or 0 for r in result[1:4]]
+    if prefix:
+        assert all(c >= 3 * BLOCK for c in cached), f"no prefix-cache hit on the shared prefix: {cached}"
+    else:
+        assert cached == [0, 0, 0], cached
+    lines = _check_files(llama_dir, result)
+    print("\n".join(lines))
+    assert sorted(p.name for p in storage.iterdir()) == sorted(
+        os.path.basename(r["kv_transfer_params"]["hidden_states_path"]) for r in result), "stray files"
+
+
+def _small_spec(model_dir: Path, storage: Path) -> dict:
+    rng = random.Random(2)
+    return {"model": str(model_dir), "layer_ids": LAYER_IDS, "storage": str(storage),
+            "engine": _engine(True, True), "waves": [[[rng.randrange(1, 250) for _ in range(70)]]]}
+
+
+@pytest.mark.vllm_only
+@pytest.mark.parametrize("pid", proof_cases("test_fails_with_only_this_server_patch_disabled"))
+def test_fails_with_only_this_server_patch_disabled(llama_dir, tmp_path, prove, pid):
+    proof = prove(pid)
+    stock, _ = run_engine(_small_spec(llama_dir, tmp_path / "stock"), tmp_path, disable=proof.disable)
+    assert stock.returncode != 0, f"extraction ran with {pid} disabled"
+    proof.assert_symptom(stock.stdout + stock.stderr)
+    patched, result = run_engine(_small_spec(llama_dir, tmp_path / "patched"), tmp_path)
+    assert patched.returncode == 0 and result, patched.stderr[-4000:]
+    proof.assert_absent(patched.stdout + patched.stderr)
+    print(_check_files(llama_dir, result)[0])

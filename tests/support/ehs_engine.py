@@ -1,0 +1,44 @@
+"""Run vLLM's ``extract_hidden_states`` method in an ``LLM()`` engine (default process model:
+engine core and worker spawned, spec-compat loaded there through the plugin entry point).
+
+usage: python ehs_engine.py SPEC.json   -> prints ``SPEC_COMPAT_RESULT {json}`` on stdout
+
+SPEC: model, layer_ids, storage, engine (extra LLM kwargs), waves (a list of prompt lists: each
+wave is one ``generate`` call, so a later wave can hit the prefix cache of an earlier one).
+Result: per request (in submission order) its prompt ids, finished reason, cached tokens and
+``kv_transfer_params``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main() -> None:
+    spec = json.load(open(sys.argv[1]))
+    import spec_compat  # noqa: F401  (before vLLM, as users do)
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(
+        model=spec["model"], seed=0,
+        speculative_config={"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                            "draft_model_config": {"hf_config": {
+                                "eagle_aux_hidden_state_layer_ids": spec["layer_ids"]}}},
+        kv_transfer_config={"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+                            "kv_connector_extra_config": {"shared_storage_path": spec["storage"]}},
+        **spec.get("engine", {}),
+    )
+    params = SamplingParams(temperature=0, max_tokens=spec.get("max_tokens", 1))
+    out = []
+    for wave in spec["waves"]:
+        results = llm.generate([{"prompt_token_ids": ids} for ids in wave], params, use_tqdm=False)
+        for r in results:
+            out.append({"prompt_token_ids": list(r.prompt_token_ids), "num_cached_tokens": r.num_cached_tokens,
+                        "finish_reason": r.outputs[0].finish_reason,
+                        "kv_transfer_params": r.kv_transfer_params})
+    print("SPEC_COMPAT_RESULT " + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

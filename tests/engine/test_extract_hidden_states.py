@@ -152,3 +152,76 @@ def test_fails_with_only_this_server_patch_disabled(llama_dir, tmp_path, prove, 
     assert patched.returncode == 0 and result, patched.stderr[-4000:]
     proof.assert_absent(patched.stdout + patched.stderr)
     print(_check_files(llama_dir, result)[0])
+
+
+BAD_CONFIGS = [
+    ({"layer_ids": [0, 9]}, r"spec_compat\[ehs-config\]: .*out of range \[9\].*N = num_hidden_layers = 4"),
+    ({"layer_ids": [-1, 2]}, r"spec_compat\[ehs-config\]: .*out of range \[-1\]"),
+    ({"layer_ids": [2, 2, 4]}, r"spec_compat\[ehs-config\]: .*repeated \[2\]"),
+    ({"layer_ids": []}, r"spec_compat\[ehs-config\]: .*empty"),
+    ({"storage": "/proc/version/hs"}, r"spec_compat\[ehs-config\]: the hidden-states directory '/proc/version/hs' "
+                                      r"is not writable"),
+]
+
+
+_REFUSALS = r"""
+import json, sys
+import spec_compat
+from vllm import LLM
+
+out = []
+for spec in json.loads(sys.argv[1]):
+    try:
+        LLM(model=spec["model"], speculative_config={"method": "extract_hidden_states", "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": spec["layer_ids"]}}},
+            kv_transfer_config={"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+                                "kv_connector_extra_config": {"shared_storage_path": spec["storage"]}},
+            **spec["engine"])
+        out.append(None)
+    except Exception as exc:
+        out.append({"value_error": isinstance(exc, ValueError), "message": f"{type(exc).__name__}: {exc}"})
+print("SPEC_COMPAT_RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.vllm_only
+def test_bad_configuration_is_refused_before_the_engine_starts(llama_dir, tmp_path):
+    """Each bad layer-id list or storage directory: a ValueError naming the problem, raised while
+    the configuration is built (no engine process was started; one interpreter for all)."""
+    import re
+
+    specs = []
+    for change, _ in BAD_CONFIGS:
+        spec = _small_spec(llama_dir, tmp_path / "hs")
+        spec.update(change)
+        specs.append(spec)
+    env = dict(os.environ)
+    env.pop("SPEC_COMPAT_DISABLE", None)
+    proc = subprocess.run([sys.executable, "-c", _REFUSALS, json.dumps(specs)], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    errors = json.loads(proc.stdout.split("SPEC_COMPAT_RESULT ", 1)[1])
+    for (change, message), error in zip(BAD_CONFIGS, errors):
+        assert error is not None and error["value_error"] and re.search(message, error["message"]), (change, error)
+    assert "EngineCore" not in proc.stderr, "refused only after an engine process started"
+
+
+@pytest.mark.vllm_only
+def test_a_failed_write_is_reported_and_the_engine_keeps_serving(llama_dir, tmp_path):
+    """The storage directory becomes a plain file between two requests: the request in between
+    answers an error (no path), no partial file is left, and the next request (directory back)
+    gets its complete file."""
+    storage = tmp_path / "hs"
+    rng = random.Random(3)
+    waves = [[[rng.randrange(1, 250) for _ in range(40)]] for _ in range(3)]
+    spec = {"model": str(llama_dir), "layer_ids": LAYER_IDS, "storage": str(storage),
+            "engine": _engine(True, True), "waves": waves,
+            "before": {"1": "break-storage", "2": "restore-storage"}}
+    proc, result = run_engine(spec, tmp_path)
+    assert proc.returncode == 0 and result is not None, proc.stderr[-4000:]
+    broken = result[1]["kv_transfer_params"]
+    assert broken["hidden_states_path"] is None, broken
+    assert "spec_compat[ehs-connector]" in broken["error"] and "not written" in broken["error"], broken
+    assert "writing hidden states to" in proc.stderr and "failed" in proc.stderr
+    assert [p.name for p in storage.iterdir()] == [os.path.basename(result[2]["kv_transfer_params"]["hidden_states_path"])]
+    print(_check_files(llama_dir, [result[2]])[0])

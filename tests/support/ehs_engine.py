@@ -4,7 +4,9 @@ engine core and worker spawned, spec-compat loaded there through the plugin entr
 usage: python ehs_engine.py SPEC.json   -> prints ``SPEC_COMPAT_RESULT {json}`` on stdout
 
 SPEC: model, layer_ids, storage, engine (extra LLM kwargs), waves (a list of prompt lists: each
-wave is one ``generate`` call, so a later wave can hit the prefix cache of an earlier one).
+wave is one ``generate`` call, so a later wave can hit the prefix cache of an earlier one),
+optional ``before`` {wave index: "break-storage" | "restore-storage"}: the storage directory is
+replaced by a plain file (no write can succeed, not even root's), or made a directory again.
 Result: per request (in submission order) its prompt ids, finished reason, cached tokens and
 ``kv_transfer_params``.
 """
@@ -12,7 +14,20 @@ Result: per request (in submission order) its prompt ids, finished reason, cache
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
+
+
+def _storage(action: str, path: str) -> None:
+    if action == "break-storage":
+        shutil.rmtree(path)
+        open(path, "w").close()
+    elif action == "restore-storage":
+        os.unlink(path)
+        os.makedirs(path)
+    else:
+        raise ValueError(action)
 
 
 def main() -> None:
@@ -31,7 +46,9 @@ def main() -> None:
     )
     params = SamplingParams(temperature=0, max_tokens=spec.get("max_tokens", 1))
     out = []
-    for wave in spec["waves"]:
+    for k, wave in enumerate(spec["waves"]):
+        if str(k) in spec.get("before", {}):
+            _storage(spec["before"][str(k)], spec["storage"])
         results = llm.generate([{"prompt_token_ids": ids} for ids in wave], params, use_tqdm=False)
         for r in results:
             out.append({"prompt_token_ids": list(r.prompt_token_ids), "num_cached_tokens": r.num_cached_tokens,

@@ -173,6 +173,9 @@ class HiddenStatesConnector(KVConnectorBase_V1):
             except OSError as exc:
                 message = f"{PREFIX}writing {tracked.path} failed ({exc})"
             return False, {PATH_KEY: None, "error": message}
+        if not os.path.isfile(tracked.path):  # not even the marker could be written
+            return False, {PATH_KEY: None, "error": f"{PREFIX}request {request.request_id}: {tracked.path} was "
+                                                    "not written (see the engine log)"}
         return False, {PATH_KEY: tracked.path}
 
 

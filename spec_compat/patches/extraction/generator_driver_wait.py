@@ -33,7 +33,9 @@ class DriverWaitYieldsCpu(Patch):
                "(<= 1 ms) instead of spinning while the worker computes")
     upstream = "vLLM shm_broadcast.py SpinTimer: sched_yield busy-wait in acquire_read (driver of speculators' generator)"
     target = f"{GENERATOR}:MultiprocExecutor"
-    requires = {"vllm": ">=0.11,<0.17"}  # cells that proved it; newer vLLM: re-check the wait loop
+    # cells that proved it; newer vLLM: re-check the wait loop.  speculators < 0.5: the generator
+    # (its target) is gone from 0.5 on
+    requires = {"vllm": ">=0.11,<0.17", "speculators": "<0.5"}
 
     def check(self, module: ModuleType) -> None:
         import torch

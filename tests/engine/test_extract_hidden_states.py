@@ -19,34 +19,18 @@ from pathlib import Path
 
 import pytest
 
-from spec_compat.core.proof import proof_cases
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+from ehs_engine import engine_settings, run_engine  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not any(p.id == "ehs-config" and p.needed()[0] for p in __import__("spec_compat").REGISTRY.patches()),
     reason="vLLM has its own extract_hidden_states (or this is not a vLLM 0.15/0.16 cell)")
 
-ROOT = Path(__file__).resolve().parents[2]
-RUNNER = ROOT / "tests" / "support" / "ehs_engine.py"
 BLOCK = 16
 LAYER_IDS = [0, 1, 2, 3, 4]
 #: fp32 on both sides: max |diff| <= TOL * max |reference| per request and layer
 TOL = 1e-5
-
-
-def run_engine(spec: dict, tmp: Path, disable: str | None = None, timeout: int = 600, **extra_env: str):
-    path = tmp / f"spec-{len(list(tmp.glob('spec-*.json')))}.json"
-    path.write_text(json.dumps(spec))
-    env = dict(os.environ, **extra_env)
-    env.pop("SPEC_COMPAT_DISABLE", None)
-    if disable:
-        env["SPEC_COMPAT_DISABLE"] = disable
-    proc = subprocess.run([sys.executable, str(RUNNER), str(path)], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=str(tmp))
-    result = None
-    for line in proc.stdout.splitlines():
-        if line.startswith("SPEC_COMPAT_RESULT "):
-            result = json.loads(line.split(" ", 1)[1])
-    return proc, result
 
 
 def _prompts(seed: int) -> list[list[list[int]]]:
@@ -59,10 +43,7 @@ def _prompts(seed: int) -> list[list[list[int]]]:
 
 
 def _engine(prefix: bool, chunked: bool) -> dict:
-    engine = {"dtype": "float32", "block_size": BLOCK, "max_model_len": 512,
-              "enable_prefix_caching": prefix, "enable_chunked_prefill": chunked}
-    engine["max_num_batched_tokens"] = 64 if chunked else 512
-    return engine
+    return engine_settings(prefix, chunked, BLOCK)
 
 
 def _check_files(model_dir: Path, result: list[dict], layer_ids: list[int] = LAYER_IDS) -> list[str]:
@@ -100,15 +81,14 @@ def _check_files(model_dir: Path, result: list[dict], layer_ids: list[int] = LAY
     return lines
 
 
-CASES = [("llama", True, True), ("llama", False, False), ("kimi-k25", True, True)]
+CASES = [("llama", True, True), ("llama", False, False)]
 
 
 @pytest.mark.vllm_only  # vLLM-side only: once per vLLM version in a matrix/test run
-@pytest.mark.parametrize("fixture,prefix,chunked", CASES, ids=["llama-prefix+chunked", "llama-plain", "kimi-prefix+chunked"])
+@pytest.mark.parametrize("fixture,prefix,chunked", CASES, ids=["llama-prefix+chunked", "llama-plain"])
 def test_rows_equal_reference(fixture_dir, tmp_path, fixture, prefix, chunked):
-    """Kimi-K2.5: the multimodal wrapper whose text_config holds N (vLLM #39017 broke upstream's
-    method on such wrappers); DeepSeek-V3 backbone, where upstream once returned one state fewer
-    for id N (vLLM #46973).  MLA runs as plain attention on CPU (VLLM_MLA_DISABLE=1)."""
+    """(Kimi-K2.5 goes through the same path in tests/server/test_speculators_client.py; the
+    engine path without HTTP ran it too: max rel 1.2e-6 on 0.16.0 and 0.15.1, session 13.)"""
     model_dir = fixture_dir(fixture)
     storage = tmp_path / "hs"
     waves = _prompts(seed=1)
@@ -139,19 +119,6 @@ def _small_spec(model_dir: Path, storage: Path) -> dict:
     rng = random.Random(2)
     return {"model": str(model_dir), "layer_ids": LAYER_IDS, "storage": str(storage),
             "engine": _engine(True, True), "waves": [[[rng.randrange(1, 250) for _ in range(70)]]]}
-
-
-@pytest.mark.vllm_only
-@pytest.mark.parametrize("pid", proof_cases("test_fails_with_only_this_server_patch_disabled"))
-def test_fails_with_only_this_server_patch_disabled(llama_dir, tmp_path, prove, pid):
-    proof = prove(pid)
-    stock, _ = run_engine(_small_spec(llama_dir, tmp_path / "stock"), tmp_path, disable=proof.disable)
-    assert stock.returncode != 0, f"extraction ran with {pid} disabled"
-    proof.assert_symptom(stock.stdout + stock.stderr)
-    patched, result = run_engine(_small_spec(llama_dir, tmp_path / "patched"), tmp_path)
-    assert patched.returncode == 0 and result, patched.stderr[-4000:]
-    proof.assert_absent(patched.stdout + patched.stderr)
-    print(_check_files(llama_dir, result)[0])
 
 
 BAD_CONFIGS = [

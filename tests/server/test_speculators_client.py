@@ -86,11 +86,12 @@ def _compare(model_dir: Path, files: list[Path], rows: list[list[int]]) -> list[
     return worst
 
 
-CASES = [("llama", True), ("llama", False), ("kimi-k25", True)]
+#: chunked prefill off is covered without HTTP (tests/engine/test_extract_hidden_states.py); the
+#: Llama case without it passed here too (40 files, max rel 5.7e-7, session 13)
+CASES = [("llama", True), ("kimi-k25", True)]
 
 
-@pytest.mark.parametrize("fixture,chunked", CASES, ids=["llama-chunked-prefill", "llama-no-chunked-prefill",
-                                                        "kimi-k25-chunked-prefill"])
+@pytest.mark.parametrize("fixture,chunked", CASES, ids=["llama-chunked-prefill", "kimi-k25-chunked-prefill"])
 def test_stock_speculators_generates_the_reference_rows(fixture_model, serve, client_python, tmp_path, fixture,
                                                         chunked):
     """Kimi-K2.5: the multimodal wrapper (N from its text_config, vLLM #39017) on a DeepSeek-V3

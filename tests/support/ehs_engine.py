@@ -2,6 +2,7 @@
 engine core and worker spawned, spec-compat loaded there through the plugin entry point).
 
 usage: python ehs_engine.py SPEC.json   -> prints ``SPEC_COMPAT_RESULT {json}`` on stdout
+(tests call :func:`run_engine`, which runs this file in a fresh interpreter)
 
 SPEC: model, layer_ids, storage, engine (extra LLM kwargs), waves (a list of prompt lists: each
 wave is one ``generate`` call, so a later wave can hit the prefix cache of an earlier one),
@@ -28,6 +29,34 @@ def _storage(action: str, path: str) -> None:
         os.makedirs(path)
     else:
         raise ValueError(action)
+
+
+def run_engine(spec: dict, tmp, disable: str | None = None, timeout: int = 600, **extra_env: str):
+    """Run this file on ``spec`` (written under ``tmp``) with ``SPEC_COMPAT_DISABLE=disable``;
+    returns (CompletedProcess, result list or None)."""
+    import subprocess
+    from pathlib import Path
+
+    tmp = Path(tmp)
+    path = tmp / f"spec-{len(list(tmp.glob('spec-*.json')))}.json"
+    path.write_text(json.dumps(spec))
+    env = dict(os.environ, **extra_env)
+    env.pop("SPEC_COMPAT_DISABLE", None)
+    if disable:
+        env["SPEC_COMPAT_DISABLE"] = disable
+    proc = subprocess.run([sys.executable, __file__, str(path)], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=str(tmp))
+    result = None
+    for line in proc.stdout.splitlines():
+        if line.startswith("SPEC_COMPAT_RESULT "):
+            result = json.loads(line.split(" ", 1)[1])
+    return proc, result
+
+
+def engine_settings(prefix: bool, chunked: bool, block: int = 16) -> dict:
+    """LLM kwargs: fp32, small blocks, prefix caching / chunked prefill (budget 64) on or off."""
+    return {"dtype": "float32", "block_size": block, "max_model_len": 512, "enable_prefix_caching": prefix,
+            "enable_chunked_prefill": chunked, "max_num_batched_tokens": 64 if chunked else 512}
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ from . import VLLM_WITHOUT_EHS
 log = logging.getLogger("spec_compat")
 
 PREFIX = "spec_compat[ehs-config]: "
-SERVER_PROOF = "tests/engine/test_extract_hidden_states.py::test_fails_with_only_this_server_patch_disabled"
+SERVER_PROOF = "tests/engine/test_extract_hidden_states_proof.py::test_fails_with_only_this_server_patch_disabled"
 #: where the connector class lives (vLLM's factory imports ``kv_connector_module_path``)
 CONNECTOR_MODULE = "spec_compat.shims.hidden_states.connector"
 #: the request, kept on the target's ModelConfig between SpeculativeConfig and VllmConfig

@@ -57,7 +57,11 @@ def ints(*shape):
 
 
 def store_of(ids):
-    return HiddenStatesStore(ids, H, NUM_BLOCKS, B, torch.float32, "cpu")
+    store = HiddenStatesStore(ids, H, NUM_BLOCKS, B, torch.float32, "cpu")
+    # the store is allocated uninitialised (torch.empty): zero it, so that "nothing else was
+    # written" is observable
+    store.cache.zero_()
+    return store
 
 
 class Capture:

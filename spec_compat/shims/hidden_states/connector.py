@@ -11,7 +11,7 @@ factory only, inside vLLM's engine and worker processes.
   None, "error": message}`` when the write failed (its ``.error`` marker exists).
 * Worker side (TP rank 0, which holds the :class:`.store.HiddenStatesStore`): after that step's
   forward (``wait_for_save``) it gathers the prompt's rows through its block ids and writes the
-  file atomically (temp + fsync + rename, :func:`.files.write_atomically`).  The write finishes
+  file atomically (temp file + rename, :func:`.files.write_atomically`).  The write finishes
   before the step's output reaches the scheduler, so the file is complete before the request is
   reported finished: no reader waits on a lock.  A failed write is logged and marked; the engine
   keeps serving.

@@ -5,8 +5,9 @@
 * ``<path>.lock``: the writer creates it and holds ``flock(LOCK_EX)`` until the final file is in
   place (:func:`acquire_lock` / :func:`release_lock`).  Readers (speculators, hs-connectors)
   poll ``flock(LOCK_EX | LOCK_NB)`` on it, then remove it; vLLM's own reader takes ``LOCK_SH``.
-* :func:`write_atomically`: ``.<name>.<pid>.tmp`` in the same directory, fsync, ``os.replace``;
-  a reader never sees a partial final file.  On failure ``<path>.error`` holds the message.
+* :func:`write_atomically`: ``.<name>.<pid>.tmp`` in the same directory, then ``os.replace``;
+  a reader never sees a partial final file.  No fsync: the rename is what readers rely on, and
+  an fsync per file cost 1.4-3.8 ms (measured, 1 MiB files) on requests of a few ms each.  On failure ``<path>.error`` holds the message.
 
 Torch and safetensors are imported inside the functions only.
 """
@@ -120,7 +121,7 @@ def _mark_error(path: str, message: str) -> None:
 def write_atomically(path: StrPath, tensors: Mapping[str, Any],
                      metadata: Mapping[str, str] | None = None) -> None:
     """Save ``tensors`` (and string ``metadata``) as safetensors at ``path`` through a temp
-    file, fsync and ``os.replace``.  A stale ``<path>.error`` is removed first.  On failure:
+    file and ``os.replace`` (no fsync).  A stale ``<path>.error`` is removed first.  On failure:
     the temp file is removed, ``<path>.error`` written (best effort) and
     :class:`HiddenStatesWriteError` raised from the original exception."""
     path = os.fspath(path)
@@ -130,12 +131,7 @@ def write_atomically(path: StrPath, tensors: Mapping[str, Any],
         from safetensors.torch import save_file
 
         save_file(dict(tensors), tmp, metadata=dict(metadata) if metadata is not None else None)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fchmod(fd, FILE_MODE)  # safetensors creates 0600: a client of another user reads it
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        os.chmod(tmp, FILE_MODE)  # safetensors creates 0600: a client of another user reads it
         os.replace(tmp, path)
     except Exception as exc:
         _unlink_quietly(tmp)

@@ -41,7 +41,9 @@ class HiddenStatesStore:
             raise ValueError(f"{PREFIX}layer ids must be distinct and ascending, got {list(self.layer_ids)}")
         self.hidden_size = int(hidden_size)
         self.block_size = int(block_size)
-        self.cache = torch.zeros((int(num_blocks), self.block_size, len(self.layer_ids), self.hidden_size),
+        # empty, not zeros: a row is read only after the forward that computed its token wrote it,
+        # and pages never written stay out of the process's resident memory
+        self.cache = torch.empty((int(num_blocks), self.block_size, len(self.layer_ids), self.hidden_size),
                                  dtype=dtype, device=device)
         self._flat = self.cache.view(-1, len(self.layer_ids), self.hidden_size)
 

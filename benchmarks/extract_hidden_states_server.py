@@ -1,0 +1,153 @@
+"""Extraction through the backported ``extract_hidden_states`` (vLLM 0.15/0.16 + spec-compat) vs
+plain prefill of the same token ids, side by side in one run.
+
+Two ``vllm serve`` of the same fixture, same flags (eager, dtype, block size, chunk budget),
+one with ``--speculative_config '{"method": "extract_hidden_states", ...}'`` and the hidden-states
+connector, one without.  Rounds alternate the order; each round sends the same fresh random
+prompts (``max_tokens=1``, 16 in flight, as speculators' client does) to both.  Prints prompt
+tokens/s per server, the median ratio extraction / plain, and each server's peak RSS (process
+tree, sampled every 0.2 s).  Files are deleted after each extraction round (the client moves
+them away in real use).
+
+usage: python benchmarks/extract_hidden_states_server.py FIXTURE_DIR [--rounds 5] [--prompts 48]
+       [--tokens 256] [--ids 1,2,3,4] [--out benchmarks/results/X.json] [--trust-remote-code]
+Run it in a server environment (``matrix/env spec0.9.0-vllm0.16.0``), one engine job at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "server"))
+from conftest import Server  # noqa: E402  (the tests' server launcher)
+
+
+def _rss_tree(pid: int) -> int:
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+class PeakRss:
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak, self._stop = pid, 0, threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _rss_tree(self.pid))
+            time.sleep(0.2)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._t.join()
+        return self.peak
+
+
+def _one(url: str, model: str, ids: list[int]) -> dict:
+    body = json.dumps({"model": model, "prompt": ids, "max_tokens": 1, "return_token_ids": True}).encode()
+    req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())
+
+
+def _round(server: Server, model: str, prompts: list[list[int]], storage: Path | None) -> float:
+    t = time.perf_counter()
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda p: _one(server.url, model, p), prompts))
+    seconds = time.perf_counter() - t
+    if storage is not None:
+        paths = [a["kv_transfer_params"]["hidden_states_path"] for a in answers]
+        assert all(p and os.path.isfile(p) for p in paths), "a request got no file"
+        for p in paths:
+            os.unlink(p)
+    return sum(map(len, prompts)) / seconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--prompts", type=int, default=48)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--ids", default="1,2,3,4")
+    ap.add_argument("--out")
+    ap.add_argument("--trust-remote-code", action="store_true")
+    a = ap.parse_args()
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    ids = [int(i) for i in a.ids.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="ehs-bench-"))
+    storage = work / "hidden_states"
+    common = [a.model, "--dtype", "float32", "--max-model-len", str(a.tokens + 64), "--block-size", "16",
+              "--max-num-batched-tokens", "2048", "--enforce-eager"]
+    if a.trust_remote_code:
+        common.append("--trust-remote-code")
+    extract = common + [
+        "--speculative_config", json.dumps({"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                                            "draft_model_config": {"hf_config": {
+                                                "eagle_aux_hidden_state_layer_ids": ids}}}),
+        "--kv_transfer_config", json.dumps({"kv_connector": "ExampleHiddenStatesConnector",
+                                            "kv_role": "kv_producer",
+                                            "kv_connector_extra_config": {"shared_storage_path": str(storage)}})]
+    servers = {"plain": Server(common, work / "plain.log"), "extract": Server(extract, work / "extract.log")}
+    try:
+        for s in servers.values():
+            s.wait_ready()
+        peaks = {name: PeakRss(s.proc.pid) for name, s in servers.items()}
+        rng = random.Random(0)
+        rates: dict[str, list[float]] = {"plain": [], "extract": []}
+        warm = [[rng.randrange(1, 250) for _ in range(a.tokens)] for _ in range(4)]
+        for name, s in servers.items():
+            _round(s, a.model, warm, storage if name == "extract" else None)
+        for r in range(a.rounds):
+            prompts = [[rng.randrange(1, 250) for _ in range(a.tokens)] for _ in range(a.prompts)]
+            order = ["plain", "extract"] if r % 2 == 0 else ["extract", "plain"]
+            for name in order:
+                rates[name].append(_round(servers[name], a.model, prompts,
+                                          storage if name == "extract" else None))
+            print(f"round {r}: plain {rates['plain'][-1]:.0f} tok/s, extract {rates['extract'][-1]:.0f} tok/s",
+                  flush=True)
+        peak = {name: p.stop() for name, p in peaks.items()}
+    finally:
+        for s in servers.values():
+            s.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    ratios = [e / p for e, p in zip(rates["extract"], rates["plain"])]
+    res = {"model": a.model, "layer_ids": ids, "rounds": a.rounds, "prompts": a.prompts, "tokens": a.tokens,
+           "plain_tok_s": [round(x, 1) for x in rates["plain"]],
+           "extract_tok_s": [round(x, 1) for x in rates["extract"]],
+           "ratio_per_round": [round(x, 3) for x in ratios], "ratio_median": round(statistics.median(ratios), 3),
+           "peak_rss_mib": {k: round(v / 2**20) for k, v in peak.items()},
+           "peak_rss_ratio": round(peak["extract"] / peak["plain"], 3)}
+    print(json.dumps(res, indent=1))
+    if a.out:
+        Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

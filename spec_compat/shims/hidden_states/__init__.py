@@ -1,9 +1,11 @@
-"""Engine-free building blocks of the ``extract_hidden_states`` backport (vLLM 0.15/0.16):
-layer-id checks (:mod:`.layer_ids`), slot arithmetic and row gathering from a block-paged
-cache (:mod:`.slots`), the connector's file protocol - atomic safetensors writes, ``.lock``
-and ``.error`` companions (:mod:`.files`).  Design: docs/design/extract-hidden-states.md.
+"""Building blocks of the ``extract_hidden_states`` backport (vLLM 0.15/0.16): layer-id checks
+(:mod:`.layer_ids`), slot arithmetic and row gathering from a block-paged cache (:mod:`.slots`),
+the file protocol - atomic safetensors writes, ``.lock`` and ``.error`` companions
+(:mod:`.files`), the names of the API (:mod:`.contract`), the per-slot row store and its capture
+hooks (:mod:`.store`) and the KV connector vLLM loads (:mod:`.connector`, the only module here
+that imports vLLM; not imported by this package).  Design: docs/design/extract-hidden-states.md.
 
-Nothing here imports torch, safetensors or vllm at import time, nor spec_compat.core or
+Nothing imported here imports torch, safetensors or vllm at import time, nor spec_compat.core or
 spec_compat.patches.
 """
 

@@ -129,6 +129,7 @@ CELLS: dict[str, Cell] = {
             pins=TORCH_2_10,
             client_pins=CLIENT_SPEC_0_9,
             tests=("tests/unit", "tests/server"),
+            in_ci=True,
         ),
         Cell(
             name="spec0.9.0-vllm0.15.1",

@@ -188,7 +188,7 @@ def test_a_failed_write_is_reported_and_the_engine_keeps_serving(llama_dir, tmp_
     assert proc.returncode == 0 and result is not None, proc.stderr[-4000:]
     broken = result[1]["kv_transfer_params"]
     assert broken["hidden_states_path"] is None, broken
-    assert "spec_compat[ehs-connector]" in broken["error"] and "not written" in broken["error"], broken
+    assert "spec_compat[ehs-capture]" in broken["error"] and "not written" in broken["error"], broken
     assert "writing hidden states to" in proc.stderr and "failed" in proc.stderr
     assert [p.name for p in storage.iterdir()] == [os.path.basename(result[2]["kv_transfer_params"]["hidden_states_path"])]
     print(_check_files(llama_dir, [result[2]])[0])

@@ -182,25 +182,25 @@ def test_token_slots_unchanged_by_kernel_block_split():
 
 def test_token_slots_too_few_blocks():
     with pytest.raises(ValueError, match=exactly(
-            "spec_compat[ehs-connector]: 9 tokens need 3 blocks of 4 slots, got 2 block ids [7, 2]")):
+            "spec_compat[ehs-capture]: 9 tokens need 3 blocks of 4 slots, got 2 block ids [7, 2]")):
         token_slots([7, 2], 9, 4)
     with pytest.raises(ValueError, match=exactly(
-            "spec_compat[ehs-connector]: 1 tokens need 1 blocks of 16 slots, got 0 block ids []")):
+            "spec_compat[ehs-capture]: 1 tokens need 1 blocks of 16 slots, got 0 block ids []")):
         token_slots([], 1, 16)
 
 
 def test_token_slots_bad_arguments():
     with pytest.raises(ValueError, match=exactly(
-            "spec_compat[ehs-connector]: block_size must be a positive integer, got 0")):
+            "spec_compat[ehs-capture]: block_size must be a positive integer, got 0")):
         token_slots([1], 1, 0)
     with pytest.raises(ValueError, match=exactly(
-            "spec_compat[ehs-connector]: block_size must be a positive integer, got True")):
+            "spec_compat[ehs-capture]: block_size must be a positive integer, got True")):
         token_slots([1], 1, True)
     with pytest.raises(ValueError, match=exactly(
-            "spec_compat[ehs-connector]: num_tokens must be a non-negative integer, got -1")):
+            "spec_compat[ehs-capture]: num_tokens must be a non-negative integer, got -1")):
         token_slots([1], -1, 4)
     with pytest.raises(ValueError, match=exactly(
-            "spec_compat[ehs-connector]: negative block ids [-1] among the 2 blocks used")):
+            "spec_compat[ehs-capture]: negative block ids [-1] among the 2 blocks used")):
         token_slots([3, -1, -5], 5, 4)
     assert blocks_needed([3, 1, -5], 5, 4) == [3, 1]  # an unused block is not looked at
 
@@ -279,13 +279,13 @@ def test_gather_rows_zero_tokens(torch):
 def test_gather_rows_errors(torch):
     cache = hand_built_cache(torch)
     with pytest.raises(ValueError, match=exactly(
-            "spec_compat[ehs-connector]: 10 tokens need 3 blocks of 4 slots, got 2 block ids [1, 2]")):
+            "spec_compat[ehs-capture]: 10 tokens need 3 blocks of 4 slots, got 2 block ids [1, 2]")):
         gather_rows(cache, [1, 2], 10)
     with pytest.raises(ValueError, match=exactly(
-            "spec_compat[ehs-connector]: block ids [6, 9] out of range for a cache of 6 blocks")):
+            "spec_compat[ehs-capture]: block ids [6, 9] out of range for a cache of 6 blocks")):
         gather_rows(cache, [6, 0, 9], 12)
     with pytest.raises(ValueError, match=exactly(
-            "spec_compat[ehs-connector]: cache must be shaped (num_blocks, block_size, layers, hidden), "
+            "spec_compat[ehs-capture]: cache must be shaped (num_blocks, block_size, layers, hidden), "
             "got (24, 3, 2)")):
         gather_rows(cache.view(24, 3, 2), [0], 1)
 
@@ -353,7 +353,7 @@ def test_hidden_states_tensors_errors(torch):
         ((rows, "abc"), "token_ids must be a list of ints or an int64 tensor, got 'abc'"),
     ]
     for args, message in cases:
-        with pytest.raises(ValueError, match=exactly("spec_compat[ehs-connector]: " + message)):
+        with pytest.raises(ValueError, match=exactly("spec_compat[ehs-capture]: " + message)):
             hidden_states_tensors(*args)
 
 
@@ -412,7 +412,7 @@ def test_write_failure_mid_write_leaves_no_file_and_an_error_marker(torch, tmp_p
 
     monkeypatch.setattr(st, "save_file", partial_then_fail)
     path = final_path(tmp_path, "cmpl-7")
-    message = (f"spec_compat[ehs-connector]: writing hidden states to {path} failed: "
+    message = (f"spec_compat[ehs-capture]: writing hidden states to {path} failed: "
                f"OSError: [Errno 28] No space left on device")
     with pytest.raises(HiddenStatesWriteError, match=exactly(message)) as info:
         write_atomically(path, sample(torch))
@@ -433,7 +433,7 @@ def test_write_failure_at_the_rename(torch, tmp_path, monkeypatch):
 
     monkeypatch.setattr(files.os, "replace", replace)
     with pytest.raises(HiddenStatesWriteError, match=exactly(
-            f"spec_compat[ehs-connector]: writing hidden states to {path} failed: "
+            f"spec_compat[ehs-capture]: writing hidden states to {path} failed: "
             f"PermissionError: [Errno 13] Permission denied")):
         write_atomically(path, sample(torch))
     assert sorted(os.listdir(tmp_path)) == ["cmpl-8.safetensors.error"]
@@ -461,7 +461,7 @@ def test_success_removes_a_stale_error_marker(torch, tmp_path):
 
 def test_error_marker_is_best_effort(torch, tmp_path):
     path = str(tmp_path / "missing-dir" / "r.safetensors")
-    with pytest.raises(HiddenStatesWriteError, match=r"^spec_compat\[ehs-connector\]: writing hidden states to "
+    with pytest.raises(HiddenStatesWriteError, match=r"^spec_compat\[ehs-capture\]: writing hidden states to "
                        + re.escape(path) + r" failed: \w+: .*No such file or directory") as info:
         write_atomically(path, sample(torch))  # safetensors 0.8 raises SafetensorError here
     assert info.value.__cause__ is not None

@@ -22,7 +22,6 @@ from . import VLLM_WITHOUT_EHS
 from .config import SERVER_PROOF
 
 log = logging.getLogger("spec_compat")
-PREFIX = "spec_compat[ehs-capture]: "
 
 
 def _current_slots() -> Any:
@@ -34,7 +33,7 @@ def _current_slots() -> Any:
         return None
     mapping = get_forward_context().slot_mapping
     if isinstance(mapping, list):
-        raise RuntimeError(f"{PREFIX}micro-batched forward contexts are not supported")
+        raise RuntimeError(f"spec_compat[ehs-capture]: micro-batched forward contexts are not supported")
     if not mapping:
         return None
     return next(iter(mapping.values()))
@@ -53,14 +52,14 @@ def _install(runner: Any, kv_cache_config: Any) -> None:
         return  # rank 0 captures and writes; every rank computes the same states
     mode = runner.vllm_config.compilation_config.mode
     if mode != CompilationMode.NONE:
-        raise RuntimeError(f"{PREFIX}the capture hooks need eager execution; compilation mode is {mode!r}")
+        raise RuntimeError(f"spec_compat[ehs-capture]: the capture hooks need eager execution; compilation mode is {mode!r}")
     groups = kv_cache_config.kv_cache_groups
     if len(groups) != 1:
-        raise RuntimeError(f"{PREFIX}the target has {len(groups)} KV-cache groups; one is supported")
+        raise RuntimeError(f"spec_compat[ehs-capture]: the target has {len(groups)} KV-cache groups; one is supported")
     stack = find_decoder_stack(runner.get_model(), "ehs-capture")
     n = settings["num_hidden_layers"]
     if len(stack.layers) != n:
-        raise RuntimeError(f"{PREFIX}the model's decoder stack has {len(stack.layers)} layers, its config says {n}")
+        raise RuntimeError(f"spec_compat[ehs-capture]: the model's decoder stack has {len(stack.layers)} layers, its config says {n}")
     store = HiddenStatesStore(settings["layer_ids"], settings["hidden_size"], kv_cache_config.num_blocks,
                               groups[0].kv_cache_spec.block_size, runner.model_config.dtype, runner.device)
     old = getattr(runner, "_spec_compat_ehs_hooks", ())
@@ -68,7 +67,7 @@ def _install(runner: Any, kv_cache_config: Any) -> None:
         h.remove()
     runner._spec_compat_ehs_hooks = install_capture(stack.layers, store, _current_slots)
     if not has_kv_transfer_group():
-        raise RuntimeError(f"{PREFIX}no KV connector in this worker")
+        raise RuntimeError(f"spec_compat[ehs-capture]: no KV connector in this worker")
     get_kv_transfer_group().attach_store(store)
     log.info("spec_compat: extract_hidden_states: capturing ids %s; store %d blocks x %d tokens, %.1f MiB "
              "next to the KV cache", settings["layer_ids"], kv_cache_config.num_blocks, store.block_size,

@@ -22,7 +22,6 @@ from . import VLLM_WITHOUT_EHS
 
 log = logging.getLogger("spec_compat")
 
-PREFIX = "spec_compat[ehs-config]: "
 SERVER_PROOF = "tests/engine/test_extract_hidden_states_proof.py::test_fails_with_only_this_server_patch_disabled"
 #: where the connector class lives (vLLM's factory imports ``kv_connector_module_path``)
 CONNECTOR_MODULE = "spec_compat.shims.hidden_states.connector"
@@ -36,15 +35,15 @@ def requested_layer_ids(spec: dict[str, Any]) -> Any:
     extra = sorted(set(spec) - {"method", "num_speculative_tokens", "draft_model_config",
                                 "target_model_config", "target_parallel_config"})
     if extra:
-        raise ValueError(f"{PREFIX}method {METHOD!r} takes only num_speculative_tokens and "
+        raise ValueError(f"spec_compat[ehs-config]: method {METHOD!r} takes only num_speculative_tokens and "
                          f"draft_model_config.hf_config.eagle_aux_hidden_state_layer_ids; got also {extra}")
     n = spec.get("num_speculative_tokens", 1)
     if n != 1:
-        raise ValueError(f"{PREFIX}method {METHOD!r} needs num_speculative_tokens = 1, got {n!r}")
+        raise ValueError(f"spec_compat[ehs-config]: method {METHOD!r} needs num_speculative_tokens = 1, got {n!r}")
     draft = spec.get("draft_model_config")
     hf = draft.get("hf_config") if isinstance(draft, dict) else None
     if not isinstance(hf, dict) or "eagle_aux_hidden_state_layer_ids" not in hf:
-        raise ValueError(f"{PREFIX}method {METHOD!r} needs draft_model_config = {{\"hf_config\": "
+        raise ValueError(f"spec_compat[ehs-config]: method {METHOD!r} needs draft_model_config = {{\"hf_config\": "
                          "{\"eagle_aux_hidden_state_layer_ids\": [...]}}")
     return hf["eagle_aux_hidden_state_layer_ids"]
 
@@ -53,14 +52,14 @@ def storage_dir(extra: dict[str, Any]) -> str:
     """``shared_storage_path``, created if missing and checked writable (a probe file)."""
     path = extra.get("shared_storage_path")
     if not isinstance(path, str) or not path:
-        raise ValueError(f"{PREFIX}kv_connector_extra_config needs shared_storage_path (a directory), "
+        raise ValueError(f"spec_compat[ehs-config]: kv_connector_extra_config needs shared_storage_path (a directory), "
                          f"got {path!r}")
     try:
         os.makedirs(path, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".spec-compat-probe-"):
             pass
     except OSError as exc:
-        raise ValueError(f"{PREFIX}the hidden-states directory {path!r} is not writable: "
+        raise ValueError(f"spec_compat[ehs-config]: the hidden-states directory {path!r} is not writable: "
                          f"{type(exc).__name__}: {exc}") from None
     return os.path.abspath(path)
 
@@ -74,12 +73,12 @@ def _speculative_config_new(cls: Any, *args: Any, **kwargs: Any) -> Any:
 
     model = kwargs.get("target_model_config")
     if model is None:
-        raise ValueError(f"{PREFIX}method {METHOD!r} needs the target model's configuration")
+        raise ValueError(f"spec_compat[ehs-config]: method {METHOD!r} needs the target model's configuration")
     ids = check_layer_ids(requested_layer_ids(kwargs), int(model.hf_text_config.num_hidden_layers))
     parallel = kwargs.get("target_parallel_config")
     pp = getattr(parallel, "pipeline_parallel_size", 1)
     if pp != 1:
-        raise ValueError(f"{PREFIX}method {METHOD!r} needs pipeline_parallel_size = 1, got {pp}")
+        raise ValueError(f"spec_compat[ehs-config]: method {METHOD!r} needs pipeline_parallel_size = 1, got {pp}")
     object.__setattr__(model, _REQUEST, list(ids))
     model.enforce_eager = True  # the capture hooks read each step's slots at run time
     return None
@@ -92,7 +91,7 @@ def _vllm_config_post_init(wrapped: Any, config: Any, args: tuple, kwargs: dict)
         kv = config.kv_transfer_config
         if kv is None or kv.kv_connector != CONNECTOR_NAME:
             got = None if kv is None else kv.kv_connector
-            raise ValueError(f"{PREFIX}method {METHOD!r} writes through --kv-transfer-config "
+            raise ValueError(f"spec_compat[ehs-config]: method {METHOD!r} writes through --kv-transfer-config "
                              f"'{{\"kv_connector\": \"{CONNECTOR_NAME}\", ...}}'; got kv_connector {got!r}")
         extra = kv.kv_connector_extra_config
         text = model.hf_text_config

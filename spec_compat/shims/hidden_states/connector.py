@@ -36,7 +36,6 @@ from .contract import CONNECTOR_NAME, PATH_KEY, SETTINGS_KEY
 
 log = logging.getLogger("spec_compat")
 
-PREFIX = "spec_compat[ehs-connector]: "
 
 
 @dataclass
@@ -64,7 +63,7 @@ def settings_of(vllm_config: Any) -> dict[str, Any]:
     settings = (kv.kv_connector_extra_config or {}).get(SETTINGS_KEY) if kv is not None else None
     if not settings:
         raise ValueError(
-            f"{PREFIX}{CONNECTOR_NAME} writes the hidden states of the speculative method "
+            f"spec_compat[ehs-capture]: {CONNECTOR_NAME} writes the hidden states of the speculative method "
             "'extract_hidden_states'; pass --speculative-config with that method (and its layer ids) too"
         )
     return settings
@@ -104,7 +103,7 @@ class HiddenStatesConnector(KVConnectorBase_V1):
 
             if get_tensor_model_parallel_rank() != 0:
                 return  # rank 0 writes
-            raise RuntimeError(f"{PREFIX}no hidden-state store in this worker: the patch ehs-capture is "
+            raise RuntimeError(f"spec_compat[ehs-capture]: no hidden-state store in this worker: the patch ehs-capture is "
                                "not applied (it covers vLLM's CPU model runner), nothing captures the layers")
         metadata = {"layer_ids": ",".join(map(str, self.store.layer_ids))}
         for save in meta.saves:
@@ -115,7 +114,7 @@ class HiddenStatesConnector(KVConnectorBase_V1):
             except HiddenStatesWriteError as exc:
                 log.error("%s", exc)
             except Exception as exc:  # a bad request must not stop the engine
-                message = f"{PREFIX}request {save.req_id}: {type(exc).__name__}: {exc}"
+                message = f"spec_compat[ehs-capture]: request {save.req_id}: {type(exc).__name__}: {exc}"
                 log.exception("%s", message)
                 _mark_error(save.path, message)
 
@@ -161,7 +160,7 @@ class HiddenStatesConnector(KVConnectorBase_V1):
             return False, None
         if tracked.token_ids is None:
             return False, {PATH_KEY: None,
-                           "error": f"{PREFIX}request {request.request_id} has no prompt token ids "
+                           "error": f"spec_compat[ehs-capture]: request {request.request_id} has no prompt token ids "
                                     "(prompt embeddings): nothing to write"}
         if tracked.path is None:  # finished (aborted) before its prompt was computed
             return False, None
@@ -171,10 +170,10 @@ class HiddenStatesConnector(KVConnectorBase_V1):
                 with open(marker, encoding="utf-8") as f:
                     message = f.read().strip()
             except OSError as exc:
-                message = f"{PREFIX}writing {tracked.path} failed ({exc})"
+                message = f"spec_compat[ehs-capture]: writing {tracked.path} failed ({exc})"
             return False, {PATH_KEY: None, "error": message}
         if not os.path.isfile(tracked.path):  # not even the marker could be written
-            return False, {PATH_KEY: None, "error": f"{PREFIX}request {request.request_id}: {tracked.path} was "
+            return False, {PATH_KEY: None, "error": f"spec_compat[ehs-capture]: request {request.request_id}: {tracked.path} was "
                                                     "not written (see the engine log)"}
         return False, {PATH_KEY: tracked.path}
 

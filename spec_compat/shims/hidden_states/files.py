@@ -21,7 +21,6 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Union
 
-PREFIX = "spec_compat[ehs-connector]: "
 SUFFIX = ".safetensors"
 #: mode of a written file (readable by the client, which may run as another user)
 FILE_MODE = 0o644
@@ -76,24 +75,24 @@ def hidden_states_tensors(rows: Any, token_ids: Any) -> dict[str, Any]:
 
     if not isinstance(rows, torch.Tensor) or rows.dim() != 3:
         got = tuple(rows.shape) if isinstance(rows, torch.Tensor) else type(rows).__name__
-        raise ValueError(f"{PREFIX}hidden_states must be a tensor [T, L, H], got {got}")
+        raise ValueError(f"spec_compat[ehs-capture]: hidden_states must be a tensor [T, L, H], got {got}")
     if not rows.is_floating_point():
-        raise ValueError(f"{PREFIX}hidden_states must have a floating dtype, got {rows.dtype}")
+        raise ValueError(f"spec_compat[ehs-capture]: hidden_states must have a floating dtype, got {rows.dtype}")
     if rows.shape[0] == 0:
-        raise ValueError(f"{PREFIX}hidden_states has no rows (T = 0)")
+        raise ValueError(f"spec_compat[ehs-capture]: hidden_states has no rows (T = 0)")
     if isinstance(token_ids, torch.Tensor):
         if token_ids.dtype != torch.int64:
-            raise ValueError(f"{PREFIX}token_ids must be int64, got {token_ids.dtype}")
+            raise ValueError(f"spec_compat[ehs-capture]: token_ids must be int64, got {token_ids.dtype}")
         ids = token_ids
     else:
         if not isinstance(token_ids, Sequence) or not all(
             isinstance(t, int) and not isinstance(t, bool) for t in token_ids
         ):
-            raise ValueError(f"{PREFIX}token_ids must be a list of ints or an int64 tensor, got {token_ids!r}")
+            raise ValueError(f"spec_compat[ehs-capture]: token_ids must be a list of ints or an int64 tensor, got {token_ids!r}")
         ids = torch.tensor(list(token_ids), dtype=torch.int64)
     if ids.dim() != 1 or ids.shape[0] != rows.shape[0]:
         raise ValueError(
-            f"{PREFIX}token_ids must have shape [T] = [{rows.shape[0]}] (the rows of hidden_states), "
+            f"spec_compat[ehs-capture]: token_ids must have shape [T] = [{rows.shape[0]}] (the rows of hidden_states), "
             f"got {list(ids.shape)}"
         )
     return {"hidden_states": rows.contiguous(), "token_ids": ids.contiguous()}
@@ -135,9 +134,10 @@ def write_atomically(path: StrPath, tensors: Mapping[str, Any],
         os.replace(tmp, path)
     except Exception as exc:
         _unlink_quietly(tmp)
-        message = f"{PREFIX}writing hidden states to {path} failed: {type(exc).__name__}: {exc}"
-        _mark_error(path, message)
-        raise HiddenStatesWriteError(message, path) from exc
+        error = HiddenStatesWriteError(
+            f"spec_compat[ehs-capture]: writing hidden states to {path} failed: {type(exc).__name__}: {exc}", path)
+        _mark_error(path, str(error))
+        raise error from exc
     except BaseException:
         _unlink_quietly(tmp)
         raise

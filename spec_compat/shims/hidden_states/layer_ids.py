@@ -16,7 +16,6 @@ from collections import Counter
 from typing import Any
 
 #: prefix of every error message raised here
-PREFIX = "spec_compat[ehs-config]: "
 #: the configuration key checked
 KEY = "eagle_aux_hidden_state_layer_ids"
 LAYER_ID_CONVENTION = (
@@ -45,7 +44,7 @@ def check_layer_ids(ids: Any, num_hidden_layers: int) -> tuple[int, ...]:
     """
     n = num_hidden_layers
     if not _is_int(n) or n < 1:
-        raise LayerIdError(f"{PREFIX}num_hidden_layers must be a positive integer, got {n!r}")
+        raise LayerIdError(f"spec_compat[ehs-config]: num_hidden_layers must be a positive integer, got {n!r}")
     problem = ""
     if not isinstance(ids, (list, tuple)):
         problem = f"not a list ({type(ids).__name__})"
@@ -58,5 +57,5 @@ def check_layer_ids(ids: Any, num_hidden_layers: int) -> tuple[int, ...]:
     elif bad := sorted(i for i, count in Counter(ids).items() if count > 1):
         problem = f"repeated {bad}"
     if problem:
-        raise LayerIdError(f"{PREFIX}{KEY} {ids!r}: {problem}; {_accepted(n)}")
+        raise LayerIdError(f"spec_compat[ehs-config]: {KEY} {ids!r}: {problem}; {_accepted(n)}")
     return tuple(sorted(int(i) for i in ids))

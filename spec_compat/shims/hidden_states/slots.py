@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-PREFIX = "spec_compat[ehs-connector]: "
 
 
 def _is_int(value: Any) -> bool:
@@ -21,18 +20,18 @@ def _is_int(value: Any) -> bool:
 def blocks_needed(block_ids: Sequence[int], num_tokens: int, block_size: int) -> list[int]:
     """The first ``ceil(num_tokens / block_size)`` block ids, checked (ValueError otherwise)."""
     if not _is_int(block_size) or block_size < 1:
-        raise ValueError(f"{PREFIX}block_size must be a positive integer, got {block_size!r}")
+        raise ValueError(f"spec_compat[ehs-capture]: block_size must be a positive integer, got {block_size!r}")
     if not _is_int(num_tokens) or num_tokens < 0:
-        raise ValueError(f"{PREFIX}num_tokens must be a non-negative integer, got {num_tokens!r}")
+        raise ValueError(f"spec_compat[ehs-capture]: num_tokens must be a non-negative integer, got {num_tokens!r}")
     need = -(-num_tokens // block_size)
     if len(block_ids) < need:
         raise ValueError(
-            f"{PREFIX}{num_tokens} tokens need {need} blocks of {block_size} slots, "
+            f"spec_compat[ehs-capture]: {num_tokens} tokens need {need} blocks of {block_size} slots, "
             f"got {len(block_ids)} block ids {list(block_ids)!r}"
         )
     used = [int(b) for b in block_ids[:need]]
     if bad := [b for b in used if b < 0]:
-        raise ValueError(f"{PREFIX}negative block ids {bad} among the {need} blocks used")
+        raise ValueError(f"spec_compat[ehs-capture]: negative block ids {bad} among the {need} blocks used")
     return used
 
 
@@ -50,12 +49,12 @@ def gather_rows(cache: Any, block_ids: Sequence[int], num_tokens: int) -> Any:
 
     if cache.dim() != 4:
         raise ValueError(
-            f"{PREFIX}cache must be shaped (num_blocks, block_size, layers, hidden), got {tuple(cache.shape)}"
+            f"spec_compat[ehs-capture]: cache must be shaped (num_blocks, block_size, layers, hidden), got {tuple(cache.shape)}"
         )
     num_blocks, block_size = int(cache.shape[0]), int(cache.shape[1])
     used = blocks_needed(block_ids, num_tokens, block_size)
     if bad := [b for b in used if b >= num_blocks]:
-        raise ValueError(f"{PREFIX}block ids {bad} out of range for a cache of {num_blocks} blocks")
+        raise ValueError(f"spec_compat[ehs-capture]: block ids {bad} out of range for a cache of {num_blocks} blocks")
     pos = torch.arange(num_tokens, device=cache.device)
     blocks = torch.tensor(used, dtype=torch.long, device=cache.device)
     # advanced indexing copies; .contiguous() is a no-op on its result

@@ -22,7 +22,6 @@ from typing import Any
 
 from .slots import gather_rows
 
-PREFIX = "spec_compat[ehs-capture]: "
 
 #: returns the current step's slot per token (int tensor, -1 = padding), or None when the
 #: forward is not a scheduled step (profiling, warm-up)
@@ -38,7 +37,7 @@ class HiddenStatesStore:
 
         self.layer_ids = tuple(int(i) for i in layer_ids)
         if list(self.layer_ids) != sorted(set(self.layer_ids)):
-            raise ValueError(f"{PREFIX}layer ids must be distinct and ascending, got {list(self.layer_ids)}")
+            raise ValueError(f"spec_compat[ehs-capture]: layer ids must be distinct and ascending, got {list(self.layer_ids)}")
         self.hidden_size = int(hidden_size)
         self.block_size = int(block_size)
         # empty, not zeros: a row is read only after the forward that computed its token wrote it,
@@ -56,7 +55,7 @@ class HiddenStatesStore:
         slots < 0 (padding) are skipped."""
         n = min(int(states.shape[0]), int(slots.shape[0]))
         if states.shape[-1] != self.hidden_size:
-            raise ValueError(f"{PREFIX}layer {self.layer_ids[column]} gave width {states.shape[-1]}, "
+            raise ValueError(f"spec_compat[ehs-capture]: layer {self.layer_ids[column]} gave width {states.shape[-1]}, "
                              f"expected {self.hidden_size}")
         import torch
 
@@ -78,7 +77,7 @@ def _hidden_and_residual(layer: Any, args: tuple[Any, ...], kwargs: dict[str, An
         sig = _SIGNATURES[type(layer)] = inspect.signature(type(layer).forward)
     bound = sig.bind(layer, *args, **kwargs).arguments
     if bound.get("hidden_states") is None:
-        raise RuntimeError(f"{PREFIX}{type(layer).__name__} was called without hidden_states")
+        raise RuntimeError(f"spec_compat[ehs-capture]: {type(layer).__name__} was called without hidden_states")
     return bound["hidden_states"], bound.get("residual")
 
 
@@ -88,7 +87,7 @@ def install_capture(layers: Sequence[Any], store: HiddenStatesStore, slots: Slot
     n = len(layers)
     bad = [i for i in store.layer_ids if not 0 <= i <= n]
     if bad:
-        raise ValueError(f"{PREFIX}layer ids {bad} are outside 0..{n} (the model has {n} decoder layers)")
+        raise ValueError(f"spec_compat[ehs-capture]: layer ids {bad} are outside 0..{n} (the model has {n} decoder layers)")
     handles = []
     for column, i in enumerate(store.layer_ids):
         if i < n:

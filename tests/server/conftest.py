@@ -56,10 +56,25 @@ def fixture_model(tmp_path_factory):
             out = root / name
             subprocess.run([sys.executable, "-m", "spec_compat", "fixture", name, str(out)], check=True,
                            stdout=subprocess.DEVNULL)
+            if name.startswith("kimi"):
+                _video_limit(out)
             built[name] = out
         return built[name]
 
     return get
+
+
+def _video_limit(model: Path) -> None:
+    """vLLM >= 0.32's Kimi-K2.5 processor reads ``media_proc_cfg["in_patch_limit_video"]`` (the
+    total patch budget of a video; None: only the per-frame limit) when it profiles multimodal
+    inputs at startup; the fixture's processor config predates the key.  Added here, not in the
+    fixture, whose code is an input of every recorded proof (to move there at the next re-record)."""
+    import json
+
+    path = model / "preprocessor_config.json"
+    cfg = json.loads(path.read_text())
+    cfg["media_proc_cfg"].setdefault("in_patch_limit_video", None)
+    path.write_text(json.dumps(cfg, indent=2))
 
 
 def free_port() -> int:
@@ -72,7 +87,8 @@ class Server:
     """``python -m vllm.entrypoints.cli.main serve ...`` (speculators' launch command) in the
     background; ``url`` once ``/v1/models`` answers."""
 
-    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None,
+                 python: str | None = None) -> None:
         self.port = free_port()
         self.log = log
         self._out = open(log, "w")
@@ -80,7 +96,7 @@ class Server:
         full_env.pop("SPEC_COMPAT_DISABLE", None)  # only what the test passes
         full_env.update(env or {})
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", *args, "--port", str(self.port),
+            [python or sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", *args, "--port", str(self.port),
              "--host", "127.0.0.1"], stdout=self._out, stderr=subprocess.STDOUT, env=full_env)
         self.url = f"http://127.0.0.1:{self.port}"
 

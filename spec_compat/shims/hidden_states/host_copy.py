@@ -10,9 +10,12 @@ Everything else - slot order, lock file, writer pool, bookkeeping - stays the co
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 from functools import partial
 from typing import Any, Callable
+
+log = logging.getLogger("spec_compat")
 
 
 class AlreadyCopied:
@@ -31,16 +34,28 @@ ALREADY_COPIED = AlreadyCopied()
 
 
 def token_slots(block_ids: list[int], block_size: int, num_tokens: int) -> Any:
-    """KV slot of each of the first ``num_tokens`` tokens of a request holding ``block_ids``."""
+    """KV slot of each of the first ``num_tokens`` tokens of a request holding ``block_ids``
+    (None when the blocks hold fewer tokens: the request ended before its prompt was computed)."""
     import torch
 
+    if len(block_ids) * block_size < num_tokens:
+        return None
     blocks = torch.as_tensor(block_ids, dtype=torch.long)
     offsets = torch.arange(block_size, dtype=torch.long)
-    slots = (blocks[:, None] * block_size + offsets[None, :]).reshape(-1)
-    if slots.numel() < num_tokens:
-        raise RuntimeError(f"spec_compat[ehs-connector-host-copy]: {len(block_ids)} blocks of {block_size} "
-                           f"hold {slots.numel()} slots, the request has {num_tokens} tokens")
-    return slots[:num_tokens]
+    return (blocks[:, None] * block_size + offsets[None, :]).reshape(-1)[:num_tokens]
+
+
+def _drop(connector: Any, pending: Any, why: str) -> None:
+    """Write nothing for ``pending``: release (and remove) its lock file, let its blocks go."""
+    log.warning("spec_compat[ehs-connector-host-copy]: request %s: %s; no file written", pending.req_id, why)
+    lock_fd = connector._lock_fds.pop(pending.req_id, None)
+    if lock_fd is not None:
+        try:
+            os.unlink(pending.filename + ".lock")
+        except OSError:
+            pass
+        os.close(lock_fd)
+    connector._req_copy_events[pending.req_id] = ALREADY_COPIED
 
 
 def submit_on_host(connector: Any, pending: Any, extract: Callable[[Any, Any, int], Any]) -> None:
@@ -53,6 +68,11 @@ def submit_on_host(connector: Any, pending: Any, extract: Callable[[Any, Any, in
         raise RuntimeError("spec_compat[ehs-connector-host-copy]: the connector has no registered KV cache")
     num_tokens = int(pending.token_ids.shape[0])
     slots = token_slots(pending.block_ids, connector._block_size, num_tokens)
+    if slots is None:
+        # an aborted request (a client that went away mid-prefill): its blocks hold part of the
+        # prompt only; upstream would write those rows under the final name next to every token id
+        return _drop(connector, pending, f"{len(pending.block_ids)} blocks of {connector._block_size} tokens "
+                                         f"hold part of its {num_tokens}-token prompt (aborted before it was computed)")
     rows = extract(cache, slots, num_tokens).clone()  # owned: the blocks may be reused after this step
     tensors = {"hidden_states": rows, "token_ids": pending.token_ids.clone()}
     if connector._req_futures.get(pending.req_id) is not None:

@@ -32,7 +32,8 @@ def add_input_norms(model: Any, rms_norm: Any, module_list: Any) -> None:
     before_fc = bool(getattr(cfg, "norm_before_fc", False))
     per_state = bool(getattr(cfg, "fc_norm", False))
     if before_fc and per_state:
-        raise ValueError("norm_before_fc and fc_norm are mutually exclusive (speculators' own rule)")
+        raise ValueError("spec_compat[eagle3-draft-input-norms]: norm_before_fc and fc_norm are mutually exclusive "
+                         "(speculators' own rule)")
     model.norm_output = bool(getattr(cfg, "norm_output", False))
     model.input_norm = None
     model.fc_norm = None
@@ -42,7 +43,8 @@ def add_input_norms(model: Any, rms_norm: Any, module_list: Any) -> None:
     fc_in = int(fc.input_size)
     target_hidden = int(getattr(cfg, "target_hidden_size", None) or cfg.hidden_size)
     if fc_in % target_hidden:
-        raise ValueError(f"fc input size {fc_in} is not a multiple of the target hidden size {target_hidden}")
+        raise ValueError(f"spec_compat[eagle3-draft-input-norms]: fc input size {fc_in} is not a multiple of the "
+                         f"target hidden size {target_hidden}")
     if before_fc:
         model.input_norm = rms_norm(fc_in, eps=cfg.rms_norm_eps)
     else:

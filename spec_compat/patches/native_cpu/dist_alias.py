@@ -45,7 +45,11 @@ class VllmCpuDistributionAlias(Patch):
 
     def check(self, module: ModuleType) -> None:
         # vLLM's own reader of the name: it must still ask importlib.metadata for 'vllm'
-        src = guard.source(guard.attr(module, "vllm_version_matches_substr"), "vllm_version_matches_substr")
+        # (read from the module's own namespace: vllm.platforms answers unknown names in __getattr__)
+        fn = vars(module).get("vllm_version_matches_substr")
+        if fn is None:
+            raise TargetChanged(f"{module.__name__} has no attribute 'vllm_version_matches_substr' of its own")
+        src = guard.source(fn, "vllm_version_matches_substr")
         if 'version("vllm")' not in src:
             raise TargetChanged("vllm_version_matches_substr no longer reads version('vllm')")
         if not alias_needed():

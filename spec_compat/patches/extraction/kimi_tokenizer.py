@@ -39,6 +39,11 @@ class KimiTokenizerBytesToUnicode(Patch):
     side = "driver"
 
     def check(self, module: ModuleType) -> None:
+        # still gpt2's byte-level BPE tokenizer module (the name belonged next to it)
+        tok = guard.attr(module, "GPT2Tokenizer")
+        if not isinstance(tok, type):
+            raise TargetChanged("GPT2Tokenizer is no longer a class")
+        guard.has_params(tok.__init__, "GPT2Tokenizer.__init__", "vocab", "merges", "errors")
         if hasattr(module, NAME):
             raise NotNeeded(f"{module.__name__} defines {NAME}")
         try:

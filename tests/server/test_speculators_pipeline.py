@@ -40,7 +40,8 @@ TRAIN_ARGS = ("--target-layer-ids", *map(str, AUX_IDS), "--draft-vocab-size", st
               "--total-seq-len", "128", "--num-workers", "0", "--on-missing", "raise",
               "--loss-implementation", "eager", "--draft-attn-impl", "sdpa", "--optimizer", "adamw",
               "--lr", "3e-3", "--log-freq", "1000", "--seed", "0")
-EPOCHS = 3
+#: epochs per fixture: the Llama draft is also compared with an untrained one
+EPOCHS = {"llama": 10, "kimi-k25": 4}
 
 
 @pytest.fixture(autouse=True)
@@ -53,9 +54,31 @@ def _serving_possible_here():
         pytest.skip(reason)
 
 
-def _rows(seed: int) -> list[list[int]]:
+PROMPT_TOKENS = 16
+CONTINUATION = 48
+
+
+def _target_rows(model: Path, seed: int) -> list[list[int]]:
+    """40 rows: a random 16-token prompt (ids 256..499, so the draft vocabulary cannot be the
+    first 256 ids) and the target's own greedy continuation (a transformers forward of the same
+    weights), as speculators' data regeneration does: the draft learns what the target says."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
+    from tf5_reference import reference_model
+
+    ref = reference_model(model, "float32")
     rng = random.Random(seed)
-    return [[rng.randrange(1, 250) for _ in range(24 + 9 * k)] for k in range(40)]
+    rows = []
+    with torch.no_grad():
+        for _ in range(40):
+            prompt = [rng.randrange(256, 500) for _ in range(PROMPT_TOKENS)]
+            out = ref.generate(torch.tensor([prompt]), max_new_tokens=CONTINUATION, do_sample=False,
+                               min_new_tokens=CONTINUATION, attention_mask=torch.ones(1, PROMPT_TOKENS,
+                                                                                      dtype=torch.long))
+            rows.append(out[0].tolist())
+    assert all(len(r) == PROMPT_TOKENS + CONTINUATION for r in rows)
+    return rows
 
 
 def _server_class():
@@ -130,10 +153,10 @@ def pipeline(fixture_model, client_python, tmp_path_factory):
         model = fixture_model(name)
         trust = name.startswith("kimi")
         tmp = tmp_path_factory.mktemp(f"pipeline-{name}")
-        rows = _rows(seed=11)
+        rows = _target_rows(model, seed=11)
         raw = tmp / "rows.jsonl"
-        raw.write_text("".join(json.dumps({"input_ids": r, "loss_mask": [0] + [1] * (len(r) - 1)}) + "\n"
-                               for r in rows))
+        mask = [0] * PROMPT_TOKENS + [1] * CONTINUATION
+        raw.write_text("".join(json.dumps({"input_ids": r, "loss_mask": mask}) + "\n" for r in rows))
         data = tmp / "data"
         t0 = time.perf_counter()
         prep = _speculators(client_python, "prepare-data", "--model", str(model), "--data", str(raw), "--output",
@@ -153,12 +176,13 @@ def pipeline(fixture_model, client_python, tmp_path_factory):
             server.stop()
         t_gen = time.perf_counter() - t0
         t0 = time.perf_counter()
-        train = _train(client_python, model, data, tmp / "ckpt", trust, "--epochs", str(EPOCHS))
+        train = _train(client_python, model, data, tmp / "ckpt", trust, "--epochs", str(EPOCHS[name]))
         t_train = time.perf_counter() - t0
         assert train.returncode == 0, (train.stdout[-4000:], train.stderr[-4000:])
-        # evaluation prompts: the first tokens of training rows (the prompts the draft was trained on)
+        # evaluation prompts: the prompts of training rows (the target continues them as it did there)
         prompts = tmp / "prompts.jsonl"
-        prompts.write_text("".join(json.dumps({"prompt_token_ids": r[:16]}) + "\n" for r in rows[:EVAL_PROMPTS]))
+        prompts.write_text("".join(json.dumps({"prompt_token_ids": r[:PROMPT_TOKENS]}) + "\n"
+                                   for r in rows[:EVAL_PROMPTS]))
         t0 = time.perf_counter()
         ev_proc, ev = _evaluate(model, _last_epoch(tmp / "ckpt"), prompts)
         t_eval = time.perf_counter() - t0

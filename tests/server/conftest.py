@@ -20,8 +20,23 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
 
 MISSING = [m for m in ("vllm", "torch", "transformers") if importlib.util.find_spec(m) is None]
-# a one-environment cell (speculators next to vLLM, as on vLLM >= 0.17) is its own client
-if not MISSING and not os.environ.get("SPEC_COMPAT_CLIENT_PYTHON") and importlib.util.find_spec("speculators"):
+
+
+def _speculators_is_a_server_client() -> bool:
+    """speculators >= 0.5 generates data through ``vllm serve``; 0.3/0.4 (in-process generator)
+    next to vLLM are no client of these tests."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version("speculators")).release >= (0, 5)
+    except (PackageNotFoundError, InvalidVersion):
+        return False
+
+
+# a one-environment cell (speculators >= 0.5 next to vLLM, as on vLLM >= 0.17) is its own client
+if not MISSING and not os.environ.get("SPEC_COMPAT_CLIENT_PYTHON") and _speculators_is_a_server_client():
     os.environ["SPEC_COMPAT_CLIENT_PYTHON"] = sys.executable
 
 
@@ -31,7 +46,7 @@ def pytest_collection_modifyitems(config, items):
         reason = f"needs a vLLM server environment ({', '.join(MISSING)} not installed)"
     elif not os.environ.get("SPEC_COMPAT_CLIENT_PYTHON"):
         reason = ("needs a client environment (SPEC_COMPAT_CLIENT_PYTHON; matrix/run sets it for two-env cells) "
-                  "or speculators installed here")
+                  "or speculators >= 0.5 installed here")
     if reason is None:
         return
     if os.environ.get("SPEC_COMPAT_REQUIRE_SERVER") == "1":

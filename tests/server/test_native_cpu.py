@@ -9,6 +9,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -69,11 +70,15 @@ def test_extraction_fails_with_only_this_patch_disabled(fixture_model, serve, tm
     stock = serve(serve_args(model, tmp_path / "stock", LAYER_IDS), env={"SPEC_COMPAT_DISABLE": proof.disable})
     stock.wait_ready()
     status, body = _one_request(stock, model, ids)
-    stock.stop()
-    log = stock.log.read_text(errors="replace")
     path = (body.get("kv_transfer_params") or {}).get("hidden_states_path")
     assert status != 200 or not (path and _written(path)), f"extraction worked with {pid} disabled: {body}"
-    proof.assert_symptom(log)
+    # the write is handed to the connector's worker-side thread: the request may answer 200 before
+    # that thread fails, so the symptom can reach the log after the response (wait, then stop)
+    deadline = time.monotonic() + 60
+    while proof.proof.find_symptom(stock.log.read_text(errors="replace")) is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    stock.stop()
+    proof.assert_symptom(stock.log.read_text(errors="replace"))
 
     patched = serve(serve_args(model, tmp_path / "patched", LAYER_IDS), env={"SPEC_COMPAT_DISABLE": proof.baseline})
     patched.wait_ready()

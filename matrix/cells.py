@@ -87,9 +87,17 @@ CELLS: dict[str, Cell] = {
             vllm="0.16.0",
             pins=TORCH_2_10,
             in_ci=True,
+            # CI keeps what runs speculators 0.4's own code (its generator, trainer, the demo, TP=2,
+            # the proofs); what is vLLM's or spec-compat's alone runs in spec0.3.0-vllm0.16.0, the same
+            # vLLM, earlier in CI (measured: the 0.3 cell alone takes 27 min of CI)
             ci_deselect=(
-                ("tests/engine/test_serving.py::test_deepseek_v3_target_serves_losslessly",
-                 "vLLM 0.16 serving an untrained draft: spec0.3.0-vllm0.16.0 runs it earlier in CI"),
+                ("tests/engine/test_serving.py",
+                 "drafts served by vLLM 0.16 (spec-compat's serving patches): the 0.3 cell serves its demo draft; "
+                 "vLLM reads 0.4's saved draft in test_training"),
+                ("tests/engine/test_cli.py", "spec-compat's CLI output: the 0.3 cell"),
+                ("tests/engine/test_nonfinite.py", "spec-compat's selftest naming a NaN layer: the 0.3 cell"),
+                ("tests/engine/test_site_packages_engine.py", "spec-compat writes nothing into site-packages: the 0.3 cell"),
+                ("tests/engine/test_draft_attention.py", "torch's attention (same torch 2.10): the 0.3 cell"),
             ),
         ),
         Cell(

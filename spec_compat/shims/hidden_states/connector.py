@@ -33,6 +33,7 @@ from .files import (
 )
 
 from .contract import CONNECTOR_NAME, PATH_KEY, SETTINGS_KEY
+from .http_errors import storage_problem
 
 log = logging.getLogger("spec_compat")
 
@@ -174,7 +175,7 @@ class HiddenStatesConnector(KVConnectorBase_V1):
             return False, {PATH_KEY: None, "error": message}
         if not os.path.isfile(tracked.path):  # not even the marker could be written
             return False, {PATH_KEY: None, "error": f"spec_compat[ehs-capture]: request {request.request_id}: {tracked.path} was "
-                                                    "not written (see the engine log)"}
+                                                    f"not written: {storage_problem(self.storage)} (see the engine log)"}
         return False, {PATH_KEY: tracked.path}
 
 

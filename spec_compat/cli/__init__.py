@@ -30,16 +30,18 @@ from .run import cmd_run
 from .selftest import cmd_selftest
 
 
-#: target modules that only a vLLM server process imports (vLLM >= 0.28's hidden-states connector,
-#: the completions endpoint, the GPU runner the CPU runner inherits from, the EAGLE-3 draft's modules, what a remote-code tokenizer imports): ``report`` imports them too,
-#: after ``report.EXTRACTION_MODULES`` (kept apart because report.py is an input of every recorded
-#: proof key; to be merged when the proofs are next re-recorded)
+#: target modules that only a vLLM server process or speculators' trainer imports (vLLM >= 0.28's
+#: hidden-states connector, the completions endpoint, the GPU runner the CPU runner inherits from,
+#: the EAGLE-3 draft's modules, what a remote-code tokenizer imports, the trainer's fused losses):
+#: ``report`` imports them too, after ``report.EXTRACTION_MODULES`` (kept apart because report.py
+#: is an input of every recorded proof key; to be merged when the proofs are next re-recorded)
 SERVER_MODULES = ("vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
                   "vllm.transformers_utils.configs.speculators.algos",
                   "vllm.model_executor.models.llama_eagle3",
                   "transformers.models.gpt2.tokenization_gpt2",
                   "vllm.entrypoints.openai.completion.serving",
-                  "vllm.v1.worker.gpu_model_runner")
+                  "vllm.v1.worker.gpu_model_runner",
+                  "speculators.losses.fused")
 _REPORT_DATA = report_data
 
 

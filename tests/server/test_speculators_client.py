@@ -66,6 +66,18 @@ def serve_args(model: Path, storage: Path, ids: list[int], *extra: str) -> list[
             "--max-model-len", "512", "--dtype", "float32", "--block-size", str(BLOCK), *extra]
 
 
+def start_extraction_server(serve, fixture: str, model: Path, storage: Path, *extra: str):
+    """speculators' launch command for ``fixture`` (Kimi-K2.5: --trust-remote-code and, on CPU, MLA
+    as plain attention), ready to serve."""
+    env = {}
+    if fixture.startswith("kimi"):
+        extra = (*extra, "--trust-remote-code")
+        env["VLLM_MLA_DISABLE"] = "1"
+    server = serve(serve_args(model, storage, LAYER_IDS, *extra), env=env)
+    server.wait_ready()
+    return server
+
+
 def _post(url: str, body: dict, timeout: float = 120) -> tuple[int, dict]:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     try:
@@ -162,12 +174,7 @@ def test_stock_speculators_generates_the_reference_rows(fixture_model, serve, cl
     model = fixture_model(fixture)
     storage = tmp_path / "hidden_states"
     extra = ["--max-num-batched-tokens", "64"] if chunked else ["--no-enable-chunked-prefill"]
-    env = {}
-    if fixture.startswith("kimi"):
-        extra.append("--trust-remote-code")
-        env["VLLM_MLA_DISABLE"] = "1"
-    server = serve(serve_args(model, storage, LAYER_IDS, *extra), env=env)
-    server.wait_ready()
+    server = start_extraction_server(serve, fixture, model, storage, *extra)
     rows = _rows(seed=7)
     (tmp_path / "rows.json").write_text(json.dumps(rows))
     subprocess.run([client_python, "-c", _WRITE_DATASET, str(tmp_path / "rows.json"), str(tmp_path / "prep")],

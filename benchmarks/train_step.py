@@ -99,6 +99,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ttt-steps", type=int, default=3)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--loader", choices=["prebuilt", "stock"], default="prebuilt",
+                   help="prebuilt: two pinned batches, no workers (runs 1-4); stock: as speculators' train.py "
+                        "(loader workers collate, pin_memory=True)")
+    p.add_argument("--loader-workers", type=int, default=4, help="workers of --loader stock")
     p.add_argument("--peak-tflops", type=float, default=790.0, help="dense bf16 peak used for MFU")
     p.add_argument("--tiny", action="store_true",
                    help="CPU smoke sizes: hidden 64, 4 heads x 16, inter 128, vocab 2048/256, seq 256, 2+2 steps")
@@ -314,7 +318,7 @@ def child_main(a) -> int:
             "lengths": torch.tensor(lengths, dtype=torch.long),
             "position_ids": pos.clone(),
         }
-        if cuda:
+        if cuda and a.loader == "prebuilt":
             b = {k: v.pin_memory() for k, v in b.items()}
         batches.append(b)
     n_steps = a.warmup + a.steps
@@ -326,7 +330,11 @@ def child_main(a) -> int:
         def __getitem__(self, i):
             return batches[i % len(batches)]
 
-    loader = torch.utils.data.DataLoader(Batches(), batch_size=None, shuffle=False, num_workers=0)
+    if a.loader == "stock":  # as speculators' scripts/train.py: loader workers, pin_memory
+        loader = torch.utils.data.DataLoader(Batches(), batch_size=None, shuffle=False, num_workers=a.loader_workers,
+                                             pin_memory=cuda)
+    else:
+        loader = torch.utils.data.DataLoader(Batches(), batch_size=None, shuffle=False, num_workers=0)
     call_kwargs = {"use_off_policy_tokens": False, "ttt_steps": a.ttt_steps, "ttt_step_loss_decay": 1.0}
     tcfg = TrainerConfig(
         lr=a.lr, num_epochs=1, save_path=str(sync / f"ckpt.{tag}"), resume_from_checkpoint=False,
@@ -515,6 +523,7 @@ def run_parent(a) -> int:
         "--num-layers", str(a.num_layers), "--target-vocab", str(a.target_vocab),
         "--draft-vocab", str(a.draft_vocab), "--ttt-steps", str(a.ttt_steps), "--lr", str(a.lr),
         "--seed", str(a.seed), "--verifier-dir", a.verifier_dir, "--child-timeout", str(a.child_timeout),
+        "--loader", a.loader, "--loader-workers", str(a.loader_workers),
     ] + (["--no-spec-compat"] if a.no_spec_compat else [])
 
     for g0 in range(0, len(cells), max(1, a.concurrency)):
@@ -616,7 +625,7 @@ def run_parent(a) -> int:
         "label": a.label, "device": a.device, "peak_tflops": a.peak_tflops,
         "dims": {k: getattr(a, k) for k in ("hidden_size", "num_heads", "head_dim", "num_kv_heads",
                                             "intermediate_size", "num_layers", "target_vocab", "draft_vocab",
-                                            "ttt_steps", "docs", "steps", "warmup")},
+                                            "ttt_steps", "docs", "steps", "warmup", "loader", "loader_workers")},
         "param_counts": param_counts(a), "patch_registered": have_patch, "ratios": ratios,
         "results": [{k: v for k, v in r.items() if k != "log_tail"} for r in results],
     }

@@ -1,9 +1,14 @@
 #!/usr/bin/env python3
 """Where the time of one training step goes: (b) the ``single-device-bf16`` shim vs (c) pure bf16.
 
-Status (2026-12-03): written for issue #22 item 4 and run only as a CPU smoke test at tiny sizes
-(``--tiny``, compile off); not yet run on a CUDA device (no device time was left that session), so
-its variants' CUDA paths and the memcpy attribution are untested.
+Status (2026-12-03): written for issue #22 item 4; ran on one H200 (``nvidia-h200`` device machine,
+torch 2.11.0+cu130) on 2026-12-03: a CUDA smoke test (``--tiny --device cuda --seq-len 256``), then two
+passes at T=4096 on fresh machines (``--timed 10``, then ``--timed 20`` with b5).  After pass 1, two fixes:
+GPU work launched before the profiled window (the warm-up step's backward tail, clip and AdamW, still
+queued when the window opens) is left out instead of counted as "other", and a prefetch segment's
+first copy is no longer issued during the previous segment's last (profiled) step.  Results:
+``benchmarks/results/h200-train-step-profile.json`` (pass 2), ``...-pass1.json``; RESULTS.md ›
+Training step › 2026-12-03 profile.
 
 Reuses ``benchmarks/train_step.py`` (imported, unchanged): the same synthetic verifier, model
 (``Eagle3DraftModel`` at Kimi-K2.5 draft dims), pinned batches, stock ``Trainer.train_epoch`` and
@@ -29,6 +34,7 @@ Segments, mode b (one process, the shim applied):
            before, the clip factor is handed to the fused kernel as ``grad_scale`` (grad / (1/c)
            instead of a separate ``grad *= c`` pass over the fp32 gradients);
   b4       b3 + the next batch copied to the GPU on a side stream while this step computes;
+  b5       b2 + the side-stream copy (b4 without the clip fold);
   b_again  the shim as it is again (drift control; expected to reuse the first compiled graph).
 Mode c (one process, the shim disabled, model and data in bf16):
   c        the anchor as measured in RESULTS.md; c4: c + the side-stream prefetch; c_again.
@@ -64,6 +70,7 @@ PLANS = {
         ("b2", {"bf16_inputs": True}, 2, True),
         ("b3", {"bf16_inputs": True, "fold_clip": True}, 1, True),
         ("b4", {"bf16_inputs": True, "fold_clip": True, "prefetch": True}, 2, True),
+        ("b5", {"bf16_inputs": True, "prefetch": True}, 2, True),
         ("b_again", {}, 2, False),
     ],
     "c": [
@@ -77,6 +84,7 @@ SEG_DESC = {
     "b2": "b + hidden_states cast to bf16 on the host before the H2D copy + frozen verifier_lm_head weight in bf16",
     "b3": "b2 + clip_grad_norm_ folded into the fused AdamW (clip factor passed as grad_scale)",
     "b4": "b3 + next batch copied H2D on a side stream during the current step",
+    "b5": "b2 + next batch copied H2D on a side stream (b4 without the clip fold)",
     "b_again": "b again (drift control)",
     "c": "pure bf16 anchor (model.to(bf16), bf16 data, stock foreach AdamW on bf16 params)",
     "c4": "c + next batch copied H2D on a side stream during the current step",
@@ -203,7 +211,10 @@ def install(mode: str, plan, labels, prof_k: int, trace_dir: Path, info: dict) -
                             v.record_stream(main)
                 else:
                     out = self.host_batch(i, cur)
-                if cuda and nxt is not None and opt_of(i + 1).get("prefetch"):
+                # prefetch only within one segment: a segment's last step must not carry the next
+                # segment's copy (it would land in its profiled window)
+                same = labels[min(i, n - 1)][0] == labels[min(i + 1, n - 1)][0]
+                if cuda and nxt is not None and same and opt_of(i + 1).get("prefetch"):
                     hb = self.host_batch(i + 1, nxt)
                     with torch.cuda.stream(side):
                         ready[i + 1] = {k: v.to(dev, non_blocking=True) if isinstance(v, torch.Tensor) else v
@@ -337,12 +348,16 @@ def analyze(path: str, k_steps: int, wall_ms: list[float], top: int) -> dict:
     raw = json.loads(Path(path).read_text())
     evs = raw["traceEvents"] if isinstance(raw, dict) else raw
     ranges, launch_ts, gpu = [], {}, []
+    win0 = None  # host start of the first profiled step (ProfilerStep#N)
     for e in evs:
         if e.get("ph") != "X":
             continue
         cat = e.get("cat", "")
         if cat in ("user_annotation", "cpu_op"):
-            lab = range_label(e.get("name", ""))
+            name = e.get("name", "")
+            if name.startswith("ProfilerStep#"):
+                win0 = float(e["ts"]) if win0 is None else min(win0, float(e["ts"]))
+            lab = range_label(name)
             if lab:
                 ranges.append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), lab))
         elif cat in ("cuda_runtime", "cuda_driver"):
@@ -353,6 +368,15 @@ def analyze(path: str, k_steps: int, wall_ms: list[float], top: int) -> dict:
             gpu.append(e)
     ranges.sort()
     starts = [r[0] for r in ranges]
+    # The host runs ahead of the GPU: when the window opens (in the optimizer post-hook of the
+    # profiler's warm-up step), that step's backward tail, clip and AdamW are still queued and run
+    # inside the window.  Their launches are not in the trace (or precede the window): count them
+    # apart, not as work of the profiled steps.
+    carried, kept = [], []
+    for e in gpu:
+        lt = launch_ts.get((e.get("args") or {}).get("correlation"))
+        (carried if lt is None or (win0 is not None and lt < win0) else kept).append(e)
+    gpu = kept
 
     def where(ts_: float | None) -> str:
         if ts_ is None:
@@ -445,6 +469,9 @@ def analyze(path: str, k_steps: int, wall_ms: list[float], top: int) -> dict:
             for k, v in sorted(kern.items(), key=lambda kv: -kv[1][0])[:top]
         ],
         "ranges_found": sorted({r[2] for r in ranges}),
+        "carried_in_from_warmup_step": {"events": len(carried),
+                                        "gpu_ms_total": sum(float(e.get("dur", 0)) for e in carried) * 1e-3,
+                                        "note": "launched before the profiled window; excluded from every figure above"},
     }
     return out
 
@@ -625,6 +652,19 @@ def parent(p, rest: list[str]) -> int:
             if name.startswith("b") and "ms_median" in s:
                 ratios[f"{name}/{anchor}"] = segs[anchor]["ms_median"] / s["ms_median"]
     out["throughput_ratios"] = ratios
+    # per-category GPU time of each profiled b segment minus the anchor's (ms/step)
+    gaps = {}
+    for anchor in ("c", "c4"):
+        ga = ((segs.get(anchor) or {}).get("profile") or {}).get("grouped_ms_per_step")
+        if not ga:
+            continue
+        for name, s in segs.items():
+            gb = (s.get("profile") or {}).get("grouped_ms_per_step")
+            if name.startswith("b") and gb:
+                gaps[f"{name}-{anchor}"] = {k: gb[k] - ga.get(k, 0.0) for k in gb}
+                gaps[f"{name}-{anchor}"]["kernel_sum"] = (s["profile"]["kernel_ms_per_step_sum"]
+                                                          - segs[anchor]["profile"]["kernel_ms_per_step_sum"])
+    out["gpu_time_gap_ms_per_step"] = gaps
     # table
     print()
     hdr = f"{'segment':<9} {'ms min':>7} {'median':>7} {'max':>7} {'prof.':>7} {'MFU':>6} {'peak GiB':>8}  loss first->last"

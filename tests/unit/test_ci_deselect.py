@@ -1,0 +1,58 @@
+"""Every node CI leaves out of a cell (``Cell.ci_deselect`` in matrix/cells.py) names a test file,
+function and parameter id that exist: pytest ignores a ``--deselect`` that matches nothing, so a
+typo would silently put the test back into CI (or a renamed test would leave the reason wrong)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cells():
+    spec = importlib.util.spec_from_file_location("matrix_cells", ROOT / "matrix" / "cells.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.modules.pop(spec.name, None)
+    return mod.CELLS
+
+
+CASES = [(name, node, why) for name, cell in _cells().items() for node, why in cell.ci_deselect]
+
+
+def _test_functions(path: Path) -> dict[str, str]:
+    tree = ast.parse(path.read_text())
+    return {n.name: ast.get_source_segment(path.read_text(), n) or ""
+            for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def test_there_are_deselections_to_check():
+    assert len(CASES) >= 5
+
+
+@pytest.mark.parametrize("cell, node, why", CASES, ids=[f"{c}:{n}" for c, n, _ in CASES])
+def test_deselected_node_exists(cell, node, why):
+    assert why.strip(), f"{cell}: {node} has no reason"
+    path, _, rest = node.partition("::")
+    assert (ROOT / path).exists(), f"{cell}: {path} does not exist"
+    if not rest:
+        return
+    m = re.fullmatch(r"(\w+)(?:\[(.+)\])?", rest)
+    assert m, f"{cell}: cannot read {rest!r}"
+    functions = _test_functions(ROOT / path)
+    assert m.group(1) in functions, f"{cell}: {path} has no {m.group(1)}"
+    if m.group(2):
+        # a parameter id: each part appears as a literal where the function is parametrized
+        source = (ROOT / path).read_text()
+        for part in m.group(2).split("-"):
+            if part and not part.isdigit():
+                assert part in source, f"{cell}: no parameter {part!r} for {m.group(1)} in {path}"

@@ -1,4 +1,4 @@
-"""Stock speculators (the client environment's release, 0.9.0) generating EAGLE-3 training data
+"""Stock speculators (the client environment's release, 0.9.0 or 0.8.1) generating EAGLE-3 training data
 from ``vllm serve`` of this environment's vLLM 0.15/0.16 with the method
 ``extract_hidden_states`` and ``ExampleHiddenStatesConnector``, both backported by spec-compat.
 

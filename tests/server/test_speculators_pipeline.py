@@ -1,4 +1,4 @@
-"""The rest of stock speculators 0.9.0's pipeline on data a vLLM 0.15/0.16 server generated:
+"""The rest of stock speculators 0.9.0's (or 0.8.1's) pipeline on data a vLLM 0.15/0.16 server generated:
 ``prepare-data`` (token frequencies), ``generate-offline-data`` through ``vllm serve`` with the
 backported ``extract_hidden_states``, ``speculators train`` on CPU (vocabulary mapping from the
 token frequencies, ``--draft-vocab-size``), then the trained draft served by this environment's
@@ -9,6 +9,8 @@ The client steps run in the client environment (``SPEC_COMPAT_CLIENT_PYTHON``) t
 ``spec-compat run``, the serving steps in this one.  CPU-only flags of the stock trainer:
 ``--loss-implementation eager`` (the fused loss is a Triton kernel), ``--draft-attn-impl sdpa``,
 ``--optimizer adamw`` (Muon's bf16 Newton-Schulz steps take seconds on CPU), ``--num-workers 0``.
+speculators 0.8.1 takes the same flags, except that its prepare-data always counts token
+frequencies (0.9.0 only with ``--no-skip-token-freq``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from spec_compat import REGISTRY
 from spec_compat.core.proof import proof_cases
@@ -138,6 +141,15 @@ def _evaluate(model: Path, draft: Path, prompts: Path, disable: str | None = Non
     return proc, (json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None)
 
 
+@pytest.fixture(scope="module")
+def client_version(client_python) -> str:
+    """The speculators release of the client environment (0.8.1 or 0.9.0 in the matrix)."""
+    code = "from importlib.metadata import version; print(version('speculators'))"
+    proc = subprocess.run([client_python, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.strip()
+
+
 def _last_epoch(ckpt: Path) -> Path:
     epochs = sorted(int(p.name) for p in ckpt.iterdir() if p.is_dir() and not p.is_symlink() and p.name.isdigit())
     assert epochs, f"no epoch checkpoint under {ckpt}: {sorted(os.listdir(ckpt))}"
@@ -145,7 +157,7 @@ def _last_epoch(ckpt: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def pipeline(fixture_model, client_python, tmp_path_factory):
+def pipeline(fixture_model, client_python, client_version, tmp_path_factory):
     """``pipeline(fixture)``: the stock steps run once per fixture; a dict of paths, logs, timings."""
     done: dict[str, dict] = {}
 
@@ -160,9 +172,11 @@ def pipeline(fixture_model, client_python, tmp_path_factory):
         mask = [0] * PROMPT_TOKENS + [1] * CONTINUATION
         raw.write_text("".join(json.dumps({"input_ids": r, "loss_mask": mask}) + "\n" for r in rows))
         data = tmp / "data"
+        # token frequencies (the draft vocabulary): 0.9 counts them when asked, 0.8 always (no flag)
+        count_freq = ["--no-skip-token-freq"] if Version(client_version).release >= (0, 9) else []
         t0 = time.perf_counter()
         prep = _speculators(client_python, "prepare-data", "--model", str(model), "--data", str(raw), "--output",
-                            str(data), "--seq-length", "512", "--no-skip-token-freq",
+                            str(data), "--seq-length", "512", *count_freq,
                             *(["--trust-remote-code"] if trust else []))
         assert prep.returncode == 0, (prep.stdout[-3000:], prep.stderr[-3000:])
         assert (data / "token_freq.pt").is_file(), sorted(os.listdir(data))
@@ -215,7 +229,7 @@ def _check_served(res: dict | None, proc) -> None:
 
 
 @pytest.mark.parametrize("fixture", ["llama", "kimi-k25"])
-def test_stock_pipeline_draft_serves_losslessly(pipeline, fixture):
+def test_stock_pipeline_draft_serves_losslessly(pipeline, client_version, fixture):
     """Vocabulary mapping written by the stock trainer from prepare-data's token frequencies,
     the checkpoint in speculators' format, served by vLLM as EAGLE-3: lossless, acceptance counted."""
     import numpy as np
@@ -229,9 +243,9 @@ def test_stock_pipeline_draft_serves_losslessly(pipeline, fixture):
     assert (np.diff(ids) > 0).all() and ids[0] >= 0 and ids[-1] < 512 and t2d[ids].all()
     assert int(np.abs(d2t).sum()) > 0, "the vocabulary mapping is the identity"
     cfg = json.loads((p["draft"] / "config.json").read_text())
-    assert cfg["speculators_model_type"] == "eagle3" and cfg["speculators_version"] == "0.9.0", cfg
+    assert cfg["speculators_model_type"] == "eagle3" and cfg["speculators_version"] == client_version, cfg
     assert cfg["draft_vocab_size"] == DRAFT_VOCAB and cfg["eagle_aux_hidden_state_layer_ids"] == AUX_IDS, cfg
-    # speculators 0.9's defaults, which vLLM 0.16 serves only with the eagle3 norm patches
+    # speculators 0.9's (and 0.8.1's) defaults, which vLLM 0.16 serves only with the eagle3 norm patches
     assert cfg["norm_before_fc"] is True and cfg["norm_output"] is True, cfg
     proc, res = p["evaluate"]
     _check_served(res, proc)

@@ -72,6 +72,12 @@ CELLS: dict[str, Cell] = {
                 # TP=2 once per extraction path and fixture: 0.3's generator on Llama here, 0.4's on Kimi-K2.5
                 ("tests/engine/test_tensor_parallel.py::test_tp2_matches_reference[kimi-k25]",
                  "TP=2 on Kimi-K2.5: the 0.4 cell (85 s here); matrix/run records both fixtures"),
+                # 64-token KV blocks under speculators' generator: CI runs it where the generator hard-codes
+                # 16 for its scheduler (0.4.0.1); 0.3.0's F4 gives the scheduler the cache's size
+                ("tests/engine/test_block_size_64.py",
+                 "64-token blocks under the in-process generator: the 0.4 cell (16-token scheduler); matrix/run records 0.3"),
+                ("tests/engine/test_extract_hidden_states.py::test_rows_equal_reference_with_gpu_shapes[llama-block64-tp2]",
+                 "block 64 + TP=2 on the extraction server path: CI runs the Kimi-K2.5 case; matrix/run records Llama"),
             ),
         ),
         Cell(
@@ -124,6 +130,9 @@ CELLS: dict[str, Cell] = {
                  "needs the Llama demo (5.5 min) and skips as not needed in 0.4: matrix/run records its patched half"),
                 ("tests/engine/test_tensor_parallel.py::test_tp2_matches_reference[llama]",
                  "TP=2 on Llama: the 0.3 cell (68 s here); matrix/run records both fixtures"),
+                *((f"tests/engine/test_block_size_64.py::{t}[kimi-k25",
+                   "64-token blocks on Kimi-K2.5: CI runs Llama here; matrix/run records both fixtures")
+                  for t in ("test_the_engine_runs_the_gpu_block_size", "test_rows_equal_the_reference_with_64_token_blocks")),
                 WALKTHROUGH_ELSEWHERE,
             ),
         ),

@@ -33,11 +33,11 @@ LAYER_IDS = [0, 1, 2, 3, 4]
 TOL = 1e-5
 
 
-def _prompts(seed: int) -> list[list[list[int]]]:
+def _prompts(seed: int, block: int = BLOCK) -> list[list[list[int]]]:
     rng = random.Random(seed)
     tok = lambda n: [rng.randrange(1, 250) for _ in range(n)]  # noqa: E731
-    long = tok(300)  # 19 blocks of 16, over 4x the chunk budget of 64
-    shared = [long[:3 * BLOCK + 5] + tok(40 + 7 * k) for k in range(3)]  # 3 full blocks shared
+    long = tok(max(300, 5 * block))  # 19 blocks of 16 (5 of 64), over 4x the chunk budget of 64
+    shared = [long[:3 * block + 5] + tok(40 + 7 * k) for k in range(3)]  # 3 full blocks shared
     batch = [tok(20 + 9 * k) for k in range(12)]  # 12 prompts, 834 tokens: many steps of 64
     return [[long], shared + batch]
 
@@ -110,6 +110,45 @@ def test_rows_equal_reference(fixture_dir, tmp_path, fixture, prefix, chunked):
     else:
         assert cached == [0, 0, 0], cached
     lines = _check_files(model_dir, result)
+    print("\n".join(lines))
+    assert sorted(p.name for p in storage.iterdir()) == sorted(
+        os.path.basename(r["kv_transfer_params"]["hidden_states_path"]) for r in result), "stray files"
+
+
+#: the Kimi-K2.5 deployment's shapes that reach this path (issue #22 items 1 and 3): CUDA's MLA
+#: backends run 64-token KV blocks (vllm/platforms/cuda.py forces 64 for FlashMLA), and the
+#: deployment is tensor parallel; on CPU both are set directly (TP=2: one core per rank)
+GPU_SHAPES = [("llama", 64, 2), ("kimi-k25", 64, 2)]
+
+
+@pytest.mark.vllm_only
+@pytest.mark.parametrize("fixture,block,tp", GPU_SHAPES, ids=["llama-block64-tp2", "kimi-k25-block64-tp2"])
+def test_rows_equal_reference_with_gpu_shapes(fixture_dir, tmp_path, fixture, block, tp):
+    """64-token blocks and two tensor-parallel ranks, prefix caching and chunked prefill on: one
+    complete file per request, every row equal to the reference, and exactly one rank capturing."""
+    model_dir = fixture_dir(fixture)
+    storage = tmp_path / "hs"
+    waves = _prompts(seed=4, block=block)
+    engine = engine_settings(True, True, block)
+    engine["tensor_parallel_size"] = tp
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}  # one NUMA node here: vLLM cannot auto-bind 2 ranks
+    if fixture.startswith("kimi"):
+        engine["trust_remote_code"] = True
+        env["VLLM_MLA_DISABLE"] = "1"
+    spec = {"model": str(model_dir), "layer_ids": LAYER_IDS, "storage": str(storage),
+            "engine": engine, "waves": waves}
+    proc, result = run_engine(spec, tmp_path, timeout=900, **env)
+    assert proc.returncode == 0 and result is not None, proc.stderr[-4000:]
+    assert len(result) == sum(len(w) for w in waves)
+    for r, ids in zip(result, [ids for w in waves for ids in w]):
+        assert r["prompt_token_ids"] == ids
+    cached = [r["num_cached_tokens"] or 0 for r in result[1:4]]
+    assert all(c >= 3 * block for c in cached), f"no prefix-cache hit on the shared {block}-token blocks: {cached}"
+    capturing = [ln for ln in proc.stderr.splitlines() if "extract_hidden_states: capturing ids" in ln]
+    assert len(capturing) == 1, capturing  # rank 0 only, once
+    assert f"x {block} tokens" in capturing[0], capturing[0]  # the store follows the engine's block size
+    lines = _check_files(model_dir, result)
+    print(capturing[0])
     print("\n".join(lines))
     assert sorted(p.name for p in storage.iterdir()) == sorted(
         os.path.basename(r["kv_transfer_params"]["hidden_states_path"]) for r in result), "stray files"

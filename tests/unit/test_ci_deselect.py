@@ -46,7 +46,7 @@ def test_deselected_node_exists(cell, node, why):
     assert (ROOT / path).exists(), f"{cell}: {path} does not exist"
     if not rest:
         return
-    m = re.fullmatch(r"(\w+)(?:\[(.+)\])?", rest)
+    m = re.fullmatch(r"(\w+)(?:\[([^\]]+)\]?)?", rest)  # "name[param-prefix" selects by prefix
     assert m, f"{cell}: cannot read {rest!r}"
     functions = _test_functions(ROOT / path)
     assert m.group(1) in functions, f"{cell}: {path} has no {m.group(1)}"

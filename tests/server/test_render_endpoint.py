@@ -8,7 +8,9 @@ The reference is the fixture tokenizer's own chat template (transformers
 the conversation through an assistant turn, masked from where the generation-prompt render of
 the turns before it ends (speculators' boundary rule); a conversation longer than
 ``--seq-length`` keeps its head.  Then ``generate-offline-data --validate-outputs`` extracts the
-rendered rows.  Proof of need: without the patch every chat row is skipped (the client's
+rendered rows, and the stock trainer trains one epoch online on them (``--on-missing generate``:
+each row's hidden states asked of the server, loaded and checked by hs-connectors' file transfer,
+then deleted).  Proof of need: without the patch every chat row is skipped (the client's
 "Render endpoint response missing 'token_ids'").
 """
 
@@ -73,10 +75,22 @@ def _render(tok, messages: list[dict], generation_prompt: bool) -> list[int]:
     return [int(t) for t in ids]
 
 
-def _expected_rows(tok) -> list[tuple[list[int], list[int]]]:
-    """speculators' rows of CONVERSATIONS: one per assistant turn after the first message."""
+def _client_truncates(client_python: str) -> bool:
+    """speculators >= 0.9 asks the render for ``truncate_prompt_tokens`` + ``truncation_side``;
+    0.8.1 asks for the whole render, which a server refuses (400) for a conversation over
+    max-model-len, and prepare-data skips that conversation."""
+    from packaging.version import Version
+
+    code = "from importlib.metadata import version; print(version('speculators'))"
+    out = subprocess.run([client_python, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    return Version(out.stdout.strip()).release >= (0, 9)
+
+
+def _expected_rows(tok, truncates: bool = True) -> list[tuple[list[int], list[int]]]:
+    """speculators' rows of CONVERSATIONS: one per assistant turn after the first message (the
+    conversation longer than max-model-len only from a client that asks for a cut)."""
     rows = []
-    for conv in CONVERSATIONS:
+    for conv in CONVERSATIONS if truncates else CONVERSATIONS[:-1]:
         for j, turn in enumerate(conv):
             if turn["role"] != "assistant" or j == 0:
                 continue
@@ -93,7 +107,10 @@ def _scale_out_flag() -> list[str]:
     (HTTP 403 "Scale-out endpoints are disabled" otherwise; speculators 0.9.0 does not know)."""
     import importlib.util
 
-    spec = importlib.util.find_spec("vllm.entrypoints.launchers.cli_args")
+    try:
+        spec = importlib.util.find_spec("vllm.entrypoints.launchers.cli_args")
+    except ModuleNotFoundError:  # vLLM 0.15/0.16: no launchers package
+        return []
     if spec is None or spec.origin is None:
         return []
     return ["--enable-scale-out"] if "enable_scale_out" in Path(spec.origin).read_text() else []
@@ -102,6 +119,12 @@ def _scale_out_flag() -> list[str]:
 def _render_call(server, model: Path, messages: list[dict], **extra) -> tuple[int, dict]:
     return _post(server.url + "/v1/chat/completions/render",
                  {"model": str(model), "messages": messages, "add_generation_prompt": False, **extra})
+
+
+def _completions_answered(server) -> int:
+    """How many extraction requests the server has answered (its access log)."""
+    server._out.flush()
+    return server.log.read_text(errors="replace").count('"POST /v1/completions HTTP/1.1" 200')
 
 
 def _client(client_python: str, *args: str) -> subprocess.CompletedProcess:
@@ -117,8 +140,10 @@ def test_stock_prepare_data_renders_chat_rows(fixture_model, serve, client_pytho
     model = fixture_model(fixture)
     trust = fixture.startswith("kimi")
     tok = _tokenizer(model, trust)
-    expected = _expected_rows(tok)
-    assert len(expected) == 4 and len(expected[-1][0]) == SEQ_LENGTH, [len(r) for r, _ in expected]
+    truncates = _client_truncates(client_python)
+    expected = _expected_rows(tok, truncates)
+    assert len(expected) == (4 if truncates else 3), [len(r) for r, _ in expected]
+    assert not truncates or len(expected[-1][0]) == SEQ_LENGTH, [len(r) for r, _ in expected]
     server = start_extraction_server(serve, fixture, model, tmp_path / "storage", *_scale_out_flag())
 
     # the route itself: ids, both truncation sides, a bad side (400), then still serving
@@ -165,8 +190,25 @@ def test_stock_prepare_data_renders_chat_rows(fixture_model, serve, client_pytho
 
     written = sorted(load_file(str(f))["token_ids"].tolist() for f in files)
     assert written == sorted(r for r, _ in expected)
+    # online training on the same rows: the stock trainer asks the server for each row's hidden
+    # states (--on-missing generate), loads the file it names, checks ids / rows / finiteness, deletes it
+    served_before = _completions_answered(server)
+    ckpt = tmp_path / "ckpt"
+    train = _client(client_python, "train", "--verifier-name-or-path", str(model), "--data-path", str(data),
+                    "--save-path", str(ckpt), "--log-dir", str(tmp_path / "logs"), "--target-layer-ids",
+                    *map(str, LAYER_IDS[:-1]), "--total-seq-len", "512", "--num-workers", "0", "--epochs", "1",
+                    "--on-missing", "generate", "--vllm-endpoint", server.url + "/v1", "--loss-implementation",
+                    "eager", "--draft-attn-impl", "sdpa", "--optimizer", "adamw", "--log-freq", "1000", "--seed", "0",
+                    *(["--trust-remote-code"] if trust else []))
+    assert train.returncode == 0, (train.stdout[-3000:], train.stderr[-3000:], server.tail())
+    generated = _completions_answered(server) - served_before
+    assert generated >= len(expected), (generated, train.stderr[-2000:])
+    assert "round trip failed" not in train.stdout + train.stderr, train.stderr[-3000:]
+    epochs = [d for d in ckpt.iterdir() if d.is_dir() and d.name.isdigit()]
+    assert len(epochs) == 1 and any(epochs[0].glob("*.safetensors")), sorted(os.listdir(ckpt))
+    assert sorted(p.name for p in (tmp_path / "storage").iterdir()) == [], "the trainer leaves no file behind"
     print(f"{fixture}: {len(rows)} chat rows rendered ({[len(r) for r, _ in rows]} tokens) = the chat template's; "
-          f"{len(files)} files extracted and validated")
+          f"{len(files)} files extracted and validated; online training asked the server {generated} times")
 
 
 @pytest.mark.parametrize("pid", proof_cases("test_without_the_patch_every_chat_row_is_skipped"))

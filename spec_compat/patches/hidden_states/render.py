@@ -1,5 +1,5 @@
 """``/v1/chat/completions/render`` answers ``{"token_ids": [...]}`` on an extraction server
-(vLLM 0.15/0.16 backport).
+(vLLM 0.15/0.16 backport; on 0.15 a conversation over max-model-len is refused, not cut).
 
 speculators >= 0.8 ``prepare-data --render-endpoint`` tokenizes chat rows through this route
 (``data_generation/render_client.py``) and reads the key ``token_ids`` of one object, truncated
@@ -47,6 +47,10 @@ def _rendered_whole(request: Any) -> Any:
     cut on the tokenizer's side, ``left`` by vLLM's default, or refuse a conversation over
     max-model-len before the requested cut applies)."""
     cls = type(request)
+    if not hasattr(cls, "build_tok_params"):
+        # vLLM 0.15: no tokenization parameters to widen; the length check stays (a conversation over
+        # max-model-len answers 400, as to speculators 0.8.1 which asks for no cut) and the cut follows
+        return request.model_copy(update={"truncate_prompt_tokens": None})
     sub = _WHOLE.get(cls)
     if sub is None:
         import dataclasses
@@ -155,6 +159,10 @@ class RenderTokenIds(Patch):
         chat = guard.attr(module, "OpenAIServingChat")
         guard.exact_params(chat.render_chat_request, "OpenAIServingChat.render_chat_request", "self", "request")
         protocol = guard.attr(module, "ChatCompletionRequest")
+        if not hasattr(protocol, "build_tok_params"):  # vLLM 0.15: truncation in the serving class
+            if "truncate_prompt_tokens" not in getattr(protocol, "model_fields", {}):
+                raise TargetChanged("ChatCompletionRequest has no field truncate_prompt_tokens")
+            return
         guard.exact_params(protocol.build_tok_params, "ChatCompletionRequest.build_tok_params", "self",
                            "model_config")
         try:

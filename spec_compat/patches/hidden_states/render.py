@@ -159,9 +159,9 @@ class RenderTokenIds(Patch):
         chat = guard.attr(module, "OpenAIServingChat")
         guard.exact_params(chat.render_chat_request, "OpenAIServingChat.render_chat_request", "self", "request")
         protocol = guard.attr(module, "ChatCompletionRequest")
+        if "truncate_prompt_tokens" not in getattr(protocol, "model_fields", {}):
+            raise TargetChanged("ChatCompletionRequest has no field truncate_prompt_tokens")
         if not hasattr(protocol, "build_tok_params"):  # vLLM 0.15: truncation in the serving class
-            if "truncate_prompt_tokens" not in getattr(protocol, "model_fields", {}):
-                raise TargetChanged("ChatCompletionRequest has no field truncate_prompt_tokens")
             return
         guard.exact_params(protocol.build_tok_params, "ChatCompletionRequest.build_tok_params", "self",
                            "model_config")
@@ -172,8 +172,6 @@ class RenderTokenIds(Patch):
         fields = getattr(TokenizeParams, "__dataclass_fields__", {})
         if "max_total_tokens" not in fields or "truncate_prompt_tokens" not in fields:
             raise TargetChanged("TokenizeParams has no dataclass fields max_total_tokens / truncate_prompt_tokens")
-        if "truncate_prompt_tokens" not in getattr(protocol, "model_fields", {}):
-            raise TargetChanged("ChatCompletionRequest has no field truncate_prompt_tokens")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
         changes.wrap(module, "attach_router", _attach_router)

@@ -9,15 +9,19 @@ wave is one ``generate`` call, so a later wave can hit the prefix cache of an ea
 optional ``before`` {wave index: "break-storage" | "restore-storage"}: the storage directory is
 replaced by a plain file (no write can succeed, not even root's), or made a directory again.
 Result: per request (in submission order) its prompt ids, finished reason, cached tokens and
-``kv_transfer_params``.
+``kv_transfer_params``.  After each wave the harness reads as a lock-aware client does (vLLM 0.32's
+protocol, which the backport's background writer follows): it waits on each named file's ``.lock``,
+then removes it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import sys
+import time
 
 
 def _storage(action: str, path: str) -> None:
@@ -29,6 +33,27 @@ def _storage(action: str, path: str) -> None:
         os.makedirs(path)
     else:
         raise ValueError(action)
+
+
+def _wait_for_lock(path: str, timeout: float = 120.0) -> None:
+    lock = path + ".lock"
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except FileNotFoundError:
+        return
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{lock} still held after {timeout} s") from None
+                time.sleep(0.005)
+    finally:
+        os.close(fd)
+    os.unlink(lock)
 
 
 def run_engine(spec: dict, tmp, disable: str | None = None, timeout: int = 600, **extra_env: str):
@@ -80,6 +105,9 @@ def main() -> None:
             _storage(spec["before"][str(k)], spec["storage"])
         results = llm.generate([{"prompt_token_ids": ids} for ids in wave], params, use_tqdm=False)
         for r in results:
+            path = (r.kv_transfer_params or {}).get("hidden_states_path")
+            if path:
+                _wait_for_lock(path)
             out.append({"prompt_token_ids": list(r.prompt_token_ids), "num_cached_tokens": r.num_cached_tokens,
                         "finish_reason": r.outputs[0].finish_reason,
                         "kv_transfer_params": r.kv_transfer_params})

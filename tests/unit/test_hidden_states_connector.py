@@ -336,10 +336,15 @@ def test_worker_writes_the_prompt_rows(vc, tmp_path):
             with open(error_path(final_path(tmp_path, "r")), "w") as f:
                 f.write("stale\n")
         worker.wait_for_save()
+        assert worker.drain(timeout=30)
         worker.clear_connector_metadata()
         assert os.path.exists(final_path(tmp_path, "r")) == bool(meta.saves)
     path = final_path(tmp_path, "r")
-    assert sorted(os.listdir(tmp_path)) == [os.path.basename(path)]  # no temp file, stale marker gone
+    # no temp file, stale marker gone; the lock stays for a lock-aware reader to remove (released)
+    assert sorted(os.listdir(tmp_path)) == [os.path.basename(path), os.path.basename(path) + ".lock"]
+    import fcntl
+    with open(path + ".lock") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     assert os.stat(path).st_mode & 0o777 == 0o644
     data = load_file(path)
     assert sorted(data) == ["hidden_states", "token_ids"]
@@ -360,6 +365,7 @@ def _save_one(vc, storage, req_id="w", blocks=(1,)):
     assert len(meta.saves) == 1
     worker.bind_connector_metadata(meta)
     worker.wait_for_save()  # must not raise
+    assert worker.drain(timeout=30)
     return sched, worker, final_path(storage, req_id)
 
 
@@ -368,7 +374,8 @@ def test_write_failure_is_marked_and_does_not_raise(vc, tmp_path):
     os.mkdir(path)  # the final name is taken by a directory: the rename fails
     sched, worker, _ = _save_one(vc, tmp_path)
     assert os.path.isdir(path) and worker.writes == 0
-    assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(path), os.path.basename(error_path(path))])
+    assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(path), os.path.basename(error_path(path)),
+                                                   os.path.basename(path) + ".lock"])
     done, params = sched.request_finished(req("w"), [1])
     assert done is False and params[PATH_KEY] is None and path in params["error"]
 
@@ -399,6 +406,7 @@ def test_bad_block_ids_are_marked_and_the_next_save_still_written(vc, tmp_path):
     news = [new("w", [7, 8, 9], [NUM_BLOCKS + 1]), new("ok", [5, 6], [2])]
     worker.bind_connector_metadata(sched.build_connector_meta(step({"w": 3, "ok": 2}, news=news)))
     worker.wait_for_save()  # must not raise
+    assert worker.drain(timeout=30)
     path = final_path(tmp_path, "w")
     assert not os.path.exists(path) and os.path.isfile(error_path(path)) and worker.writes == 1
     done, params = sched.request_finished(req("w"), [NUM_BLOCKS + 1])

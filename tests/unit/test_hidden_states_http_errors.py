@@ -49,15 +49,27 @@ class _Serving:
         return ("error", message, err_type, status_code)
 
 
-def test_the_wrapper_answers_the_error_and_leaves_good_answers_alone():
+def test_the_wrapper_answers_the_error_and_leaves_good_answers_alone(tmp_path):
+    import threading
+
     from spec_compat.patches.hidden_states.http_errors import _create_completion
 
     async def call(params):
         serving = _Serving(params)
         return await _create_completion(serving.create_completion, serving, ("req",), {})
 
-    good = asyncio.run(call({"hidden_states_path": "/hs/x.safetensors"}))
-    assert good.kv_transfer_params == {"hidden_states_path": "/hs/x.safetensors"} and good.request == "req"
+    path = tmp_path / "x.safetensors"
+    (tmp_path / "x.safetensors.lock").write_text("")
+    # the writer thread puts the file in place after the answer left the engine: the answer waits
+    threading.Timer(0.2, path.write_text, args=("rows",)).start()
+    good = asyncio.run(call({"hidden_states_path": str(path)}))
+    assert good.kv_transfer_params == {"hidden_states_path": str(path)} and good.request == "req"
+    assert path.read_text() == "rows" and not (tmp_path / "x.safetensors.lock").exists()
+    # the write failed after the answer left the engine: its .error marker becomes HTTP 500
+    late = tmp_path / "late.safetensors"
+    (tmp_path / "late.safetensors.error").write_text(WRITE + "\n")
+    assert asyncio.run(call({"hidden_states_path": str(late)})) == (
+        "error", WRITE, "InternalServerError", HTTPStatus.INTERNAL_SERVER_ERROR)
     assert asyncio.run(call({"hidden_states_path": None, "error": WRITE})) == (
         "error", WRITE, "InternalServerError", HTTPStatus.INTERNAL_SERVER_ERROR)
     assert asyncio.run(call({"hidden_states_path": None, "error": EMBEDS}))[2:] == (

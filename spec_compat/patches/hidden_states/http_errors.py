@@ -5,7 +5,8 @@ The backport's connector can report a request it could not write only through th
 ``completion/serving.py`` ``create_completion`` answers that with HTTP 200, and speculators'
 client fails with "Response kv_transfer_params missing both 'hidden_states_path' and 'handle'",
 not naming the cause.  Here the answer becomes HTTP 500 (400 for a prompt without token ids)
-with the connector's message.
+with the connector's message.  The connector writes on a background thread: an answer that names
+a file is sent once the file is in place (its ``.lock`` removed), or as HTTP 500 if the write failed.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from ...core.proof import Proof
 from ...core.registry import Changes, Patch, register
-from ...shims.hidden_states.http_errors import error_answer
+from ...shims.hidden_states.http_errors import ErrorAnswer, error_answer, pending_path, wait_written
 from .. import _guards as guard
 from . import VLLM_WITHOUT_EHS
 
@@ -27,7 +28,13 @@ PROOF = "tests/server/test_write_errors.py::test_failed_write_answers_an_http_er
 
 async def _create_completion(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     result = await wrapped(*args, **kwargs)
-    answer = error_answer(getattr(result, "kv_transfer_params", None))
+    params = getattr(result, "kv_transfer_params", None)
+    answer = error_answer(params)
+    path = pending_path(params)
+    if path is not None:
+        failure = await wait_written(path)
+        if failure is not None:
+            answer = ErrorAnswer(500, "InternalServerError", failure)
     if answer is None:
         return result
     from http import HTTPStatus
@@ -45,8 +52,9 @@ class ExtractionWriteErrorStatus(Patch):
 
     id = "ehs-write-error-status"
     proof = Proof("wrong-values", PROOF, r"HTTP 200 for a request whose hidden states were not written")
-    summary = ("/v1/completions answers HTTP 500 with the connector's message when the hidden states "
-               "were not written (400 for a prompt without token ids), not 200 with a null path")
+    summary = ("/v1/completions answers once the hidden-states file is in place, and HTTP 500 with the "
+               "connector's message when it was not written (400 for a prompt without token ids), not 200 "
+               "with a null path")
     upstream = ("vLLM 0.15/0.16 completion/serving.py create_completion: a connector's error in "
                 "kv_transfer_params still answers HTTP 200 (the backport's failed write)")
     target = "vllm.entrypoints.openai.completion.serving:OpenAIServingCompletion"

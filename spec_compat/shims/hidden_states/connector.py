@@ -10,11 +10,13 @@ factory only, inside vLLM's engine and worker processes.
   :meth:`request_finished` answers ``{"hidden_states_path": path}``, or ``{"hidden_states_path":
   None, "error": message}`` when the write failed (its ``.error`` marker exists).
 * Worker side (TP rank 0, which holds the :class:`.store.HiddenStatesStore`): after that step's
-  forward (``wait_for_save``) it gathers the prompt's rows through its block ids and writes the
-  file atomically (temp file + rename, :func:`.files.write_atomically`).  The write finishes
-  before the step's output reaches the scheduler, so the file is complete before the request is
-  reported finished: no reader waits on a lock.  A failed write is logged and marked; the engine
-  keeps serving.
+  forward (``wait_for_save``) it gathers the prompt's rows through its block ids (a copy) and hands
+  them to a :class:`.writer.BackgroundWriter`: inside the step only the stale file is removed and
+  ``<path>.lock`` taken (a broken storage directory fails here, so the answer names it); the
+  safetensors write, temp file + rename, runs on the writer thread, which then releases the lock.
+  The request's answer may reach the API server before the file is in place: ``ehs-write-error-status``
+  waits there for the file (or its ``.error`` marker), and lock-aware readers (speculators' client,
+  hs-connectors) wait on the lock.  A failed write is logged and marked; the engine keeps serving.
 """
 
 from __future__ import annotations
@@ -28,9 +30,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole,
 )
 
-from .files import (
-    HiddenStatesWriteError, _mark_error, error_path, final_path, hidden_states_tensors, write_atomically,
-)
+from .files import HiddenStatesWriteError, _mark_error, final_path, hidden_states_tensors, lock_path
+from .writer import FAILED, PENDING, BackgroundWriter, outcome
 
 from .contract import CONNECTOR_NAME, PATH_KEY, SETTINGS_KEY
 from .http_errors import storage_problem
@@ -78,7 +79,7 @@ class HiddenStatesConnector(KVConnectorBase_V1):
         self.layer_ids = tuple(settings["layer_ids"])
         self._tracked: dict[str, _Tracked] = {}
         self.store: Any = None  # worker side, TP rank 0: set by ehs-capture
-        self.writes = 0
+        self.writer: BackgroundWriter | None = None  # worker side, created with the first write
 
     # -- worker side -----------------------------------------------------------------------
     def attach_store(self, store: Any) -> None:
@@ -107,17 +108,31 @@ class HiddenStatesConnector(KVConnectorBase_V1):
             raise RuntimeError(f"spec_compat[ehs-capture]: no hidden-state store in this worker: the patch ehs-capture is "
                                "not applied (it covers vLLM's CPU model runner), nothing captures the layers")
         metadata = {"layer_ids": ",".join(map(str, self.store.layer_ids))}
+        if self.writer is None:
+            self.writer = BackgroundWriter()
         for save in meta.saves:
             try:
                 rows = self.store.rows(save.block_ids, len(save.token_ids))
-                write_atomically(save.path, hidden_states_tensors(rows, save.token_ids), metadata)
-                self.writes += 1
+                self.writer.submit(save.path, hidden_states_tensors(rows, save.token_ids), metadata)
             except HiddenStatesWriteError as exc:
                 log.error("%s", exc)
             except Exception as exc:  # a bad request must not stop the engine
                 message = f"spec_compat[ehs-capture]: request {save.req_id}: {type(exc).__name__}: {exc}"
                 log.exception("%s", message)
                 _mark_error(save.path, message)
+
+    @property
+    def writes(self) -> int:
+        """Files written so far (the writer thread's count; queued writes not included)."""
+        return self.writer.written if self.writer is not None else 0
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait for the queued writes (tests, shutdown); False when ``timeout`` passed first."""
+        return self.writer.drain(timeout) if self.writer is not None else True
+
+    def shutdown(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
 
     # -- scheduler side --------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
@@ -165,19 +180,14 @@ class HiddenStatesConnector(KVConnectorBase_V1):
                                     "(prompt embeddings): nothing to write"}
         if tracked.path is None:  # finished (aborted) before its prompt was computed
             return False, None
-        marker = error_path(tracked.path)
-        if os.path.exists(marker):
-            try:
-                with open(marker, encoding="utf-8") as f:
-                    message = f.read().strip()
-            except OSError as exc:
-                message = f"spec_compat[ehs-capture]: writing {tracked.path} failed ({exc})"
+        state, message = outcome(tracked.path)
+        if state == FAILED:
             return False, {PATH_KEY: None, "error": message}
-        if not os.path.isfile(tracked.path):  # not even the marker could be written
+        # written, or being written (the step took its lock); neither: not even the lock was created
+        if state == PENDING and not os.path.exists(lock_path(tracked.path)):
             return False, {PATH_KEY: None, "error": f"spec_compat[ehs-capture]: request {request.request_id}: {tracked.path} was "
                                                     f"not written: {storage_problem(self.storage)} (see the engine log)"}
         return False, {PATH_KEY: tracked.path}
-
 
 
 #: the class name vLLM's factory looks up in ``kv_connector_module_path``

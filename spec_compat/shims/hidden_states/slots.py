@@ -55,7 +55,9 @@ def gather_rows(cache: Any, block_ids: Sequence[int], num_tokens: int) -> Any:
     used = blocks_needed(block_ids, num_tokens, block_size)
     if bad := [b for b in used if b >= num_blocks]:
         raise ValueError(f"spec_compat[ehs-capture]: block ids {bad} out of range for a cache of {num_blocks} blocks")
-    pos = torch.arange(num_tokens, device=cache.device)
     blocks = torch.tensor(used, dtype=torch.long, device=cache.device)
-    # advanced indexing copies; .contiguous() is a no-op on its result
-    return cache[blocks[pos // block_size], pos % block_size].contiguous()
+    # whole blocks with one index_select (a copy), then the first num_tokens rows: 4.3x faster
+    # than indexing every position (benchmarks/RESULTS.md); the prefix of a contiguous tensor is
+    # contiguous (it keeps at most block_size - 1 rows of the last block's storage)
+    rows = cache.index_select(0, blocks).reshape(-1, *cache.shape[2:])
+    return rows[:num_tokens]

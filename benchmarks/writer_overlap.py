@@ -3,13 +3,15 @@ widths on a GPU: what the background writer (spec_compat/shims/hidden_states/wri
 
 Each step stands for one extraction step of rank 0: a forward of ``--tflop`` TFLOP of bf16 matmuls
 (default 33: Kimi-K2.5's 32B active parameters x 2 x 4096 tokens / 8 tensor-parallel ranks), then
-the prompt's rows [T, L, H] copied to the host (the connector's gather) and written as the
-connector writes them (:func:`hidden_states_tensors` + an atomic safetensors write) in one of
-three modes, interleaved in rounds:
+the prompt's rows [T, L, H] gathered on the device (a copy) and written as the connector writes
+them (:func:`hidden_states_tensors` + an atomic safetensors write), in one of three modes,
+interleaved in rounds:
 
-* ``none``   - forward + row copy only (no file): the ceiling;
-* ``inline`` - the write inside the step (spec-compat before the writer thread);
-* ``thread`` - :class:`BackgroundWriter` (the step takes the lock and queues the write).
+* ``none``   - forward + device gather only (no file): the ceiling;
+* ``inline`` - the connector before 2026-12-04: rows to the host (``.cpu()``) and the write inside
+  the step;
+* ``thread`` - the connector now: :func:`host_rows` (pinned copy queued on the stream, an event)
+  and :meth:`BackgroundWriter.submit` (the step takes the lock and queues the write).
 
 A round runs ``--steps`` steps per mode (order rotates), drains the writer, then deletes the files
 (the client moves them away in real use).  Prints steps/s per mode, the median over rounds of
@@ -35,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from spec_compat.shims.hidden_states.files import hidden_states_tensors, write_atomically  # noqa: E402
-from spec_compat.shims.hidden_states.writer import BackgroundWriter  # noqa: E402
+from spec_compat.shims.hidden_states.writer import BackgroundWriter, host_rows  # noqa: E402
 
 
 def main() -> None:
@@ -73,7 +75,7 @@ def main() -> None:
         h.sum().item()  # the sampler's sync at the end of a step
 
     def rows() -> "torch.Tensor":
-        return cache.to("cpu")  # the connector's gather: a host copy
+        return cache.clone()  # the connector's gather: a copy on the cache's device
 
     writer = BackgroundWriter()
     counter = [0]
@@ -85,18 +87,18 @@ def main() -> None:
             return
         counter[0] += 1
         path = str(storage / f"r{counter[0]}.safetensors")
-        tensors = hidden_states_tensors(r, ids)
         if mode == "inline":
-            write_atomically(path, tensors, meta)
+            write_atomically(path, hidden_states_tensors(r.cpu(), ids), meta)
         else:
-            writer.submit(path, tensors, meta)
+            host, ready = host_rows(r)
+            writer.submit(path, hidden_states_tensors(host, ids), meta, ready)
 
     # warm-up and the parts alone
     for _ in range(2):
         forward()
     sync()
     t0 = time.perf_counter(); forward(); fwd_ms = (time.perf_counter() - t0) * 1e3
-    t0 = time.perf_counter(); r = rows(); copy_ms = (time.perf_counter() - t0) * 1e3
+    t0 = time.perf_counter(); r = rows().cpu(); copy_ms = (time.perf_counter() - t0) * 1e3
     write_ms = []
     for k in range(3):
         t0 = time.perf_counter()

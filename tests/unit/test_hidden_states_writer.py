@@ -156,3 +156,40 @@ def test_wait_written_stops_when_the_directory_goes_or_the_time_is_up(tmp_path):
     message = asyncio.run(wait_written(path, timeout=30))
     assert message == (f"spec_compat[ehs-capture]: {path} was not written: "
                        f"the hidden-states directory {storage} no longer exists")
+
+
+def test_the_writer_waits_for_the_rows_to_be_ready(tmp_path):
+    """A device copy's event is synchronized on the writer thread, before the tensors are read."""
+    order = []
+
+    class Event:
+        def synchronize(self):
+            order.append("synchronize")
+
+    real = writer_mod.write_atomically
+    w = BackgroundWriter()
+    path = str(tmp_path / "r.safetensors")
+    try:
+        writer_mod.write_atomically = lambda *a, **k: (order.append("write"), real(*a, **k))
+        w.submit(path, tensors(), None, Event())
+        assert w.drain(timeout=30)
+    finally:
+        writer_mod.write_atomically = real
+    assert order == ["synchronize", "write"] and outcome(path) == (WRITTEN, None)
+
+
+def test_host_rows_keeps_a_host_tensor():
+    rows = torch.ones(3, 2, 4)
+    host, ready = writer_mod.host_rows(rows)
+    assert host is rows and ready is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the H200 device run)")
+def test_host_rows_copies_a_device_tensor_to_pinned_memory_without_blocking():
+    rows = torch.randn(64, 4, 1024, device="cuda", dtype=torch.bfloat16)
+    want = rows.cpu()
+    host, ready = writer_mod.host_rows(rows)
+    rows.zero_()  # queued after the copy on the same stream: the copy still reads the old rows
+    ready.synchronize()
+    assert host.device.type == "cpu" and host.is_pinned() and host.dtype == torch.bfloat16
+    assert torch.equal(host, want)

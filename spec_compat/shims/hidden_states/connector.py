@@ -10,8 +10,9 @@ factory only, inside vLLM's engine and worker processes.
   :meth:`request_finished` answers ``{"hidden_states_path": path}``, or ``{"hidden_states_path":
   None, "error": message}`` when the write failed (its ``.error`` marker exists).
 * Worker side (TP rank 0, which holds the :class:`.store.HiddenStatesStore`): after that step's
-  forward (``wait_for_save``) it gathers the prompt's rows through its block ids (a copy) and hands
-  them to a :class:`.writer.BackgroundWriter`: inside the step only the stale file is removed and
+  forward (``wait_for_save``) it gathers the prompt's rows through its block ids (a copy; on a GPU
+  then queued to pinned host memory, :func:`.writer.host_rows`) and hands them to a
+  :class:`.writer.BackgroundWriter`: inside the step only the stale file is removed and
   ``<path>.lock`` taken (a broken storage directory fails here, so the answer names it); the
   safetensors write, temp file + rename, runs on the writer thread, which then releases the lock.
   The request's answer may reach the API server before the file is in place: ``ehs-write-error-status``
@@ -31,7 +32,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from .files import HiddenStatesWriteError, _mark_error, final_path, hidden_states_tensors, lock_path
-from .writer import FAILED, PENDING, BackgroundWriter, outcome
+from .writer import FAILED, PENDING, BackgroundWriter, host_rows, outcome
 
 from .contract import CONNECTOR_NAME, PATH_KEY, SETTINGS_KEY
 from .http_errors import storage_problem
@@ -112,8 +113,8 @@ class HiddenStatesConnector(KVConnectorBase_V1):
             self.writer = BackgroundWriter()
         for save in meta.saves:
             try:
-                rows = self.store.rows(save.block_ids, len(save.token_ids))
-                self.writer.submit(save.path, hidden_states_tensors(rows, save.token_ids), metadata)
+                rows, ready = host_rows(self.store.rows(save.block_ids, len(save.token_ids)))
+                self.writer.submit(save.path, hidden_states_tensors(rows, save.token_ids), metadata, ready)
             except HiddenStatesWriteError as exc:
                 log.error("%s", exc)
             except Exception as exc:  # a bad request must not stop the engine

@@ -60,13 +60,15 @@ class BackgroundWriter:
             _mark_error(path, str(error))
             raise error from exc
 
-    def submit(self, path: str, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> None:
+    def submit(self, path: str, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None,
+               ready: Any = None) -> None:
         """:meth:`begin`, then queue the write; returns once it is queued (waits while
-        ``max_pending`` writes are)."""
+        ``max_pending`` writes are).  ``ready`` (a CUDA event from :func:`host_rows`) is
+        synchronized by the writer thread before it reads the tensors."""
         fd = self.begin(path)
         self._slots.acquire()
         try:
-            future = self._pool.submit(self._write, path, dict(tensors), metadata, fd)
+            future = self._pool.submit(self._write, path, dict(tensors), metadata, fd, ready)
         except BaseException:
             self._slots.release()
             release_lock(fd)
@@ -79,8 +81,11 @@ class BackgroundWriter:
         with self._guard:
             self._futures.discard(future)
 
-    def _write(self, path: str, tensors: dict[str, Any], metadata: Mapping[str, str] | None, fd: int) -> None:
+    def _write(self, path: str, tensors: dict[str, Any], metadata: Mapping[str, str] | None, fd: int,
+               ready: Any) -> None:
         try:
+            if ready is not None:
+                ready.synchronize()
             write_atomically(path, tensors, metadata)
             self.written += 1
         except HiddenStatesWriteError as exc:  # marked by write_atomically
@@ -114,6 +119,23 @@ class BackgroundWriter:
     def close(self) -> None:
         """Finish the queued writes and stop the thread (idempotent)."""
         self._pool.shutdown(wait=True)
+
+
+def host_rows(rows: Any) -> tuple[Any, Any]:
+    """``(host tensor, ready)``: a CPU tensor is returned as is (``ready`` None: the gather
+    already copied it out of the cache); a device tensor is copied into pinned host memory on the
+    current stream without blocking the step, ``ready`` being a CUDA event recorded after the copy
+    (the writer thread synchronizes it).  The copy is queued before the cache's blocks can be
+    reused: later kernels on the stream run after it."""
+    if rows.device.type == "cpu":
+        return rows, None
+    import torch
+
+    host = torch.empty(rows.shape, dtype=rows.dtype, device="cpu", pin_memory=True)
+    host.copy_(rows, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return host, ready
 
 
 #: :func:`outcome` states

@@ -56,8 +56,8 @@ def gather_rows(cache: Any, block_ids: Sequence[int], num_tokens: int) -> Any:
     if bad := [b for b in used if b >= num_blocks]:
         raise ValueError(f"spec_compat[ehs-capture]: block ids {bad} out of range for a cache of {num_blocks} blocks")
     blocks = torch.tensor(used, dtype=torch.long, device=cache.device)
-    # whole blocks with one index_select (a copy), then the first num_tokens rows: 4.3x faster
-    # than indexing every position (benchmarks/RESULTS.md); the prefix of a contiguous tensor is
+    # whole blocks with one index_select (a copy), then the first num_tokens rows: 4.1x faster
+    # than indexing every position (benchmarks/store_put.py); the prefix of a contiguous tensor is
     # contiguous (it keeps at most block_size - 1 rows of the last block's storage)
     rows = cache.index_select(0, blocks).reshape(-1, *cache.shape[2:])
     return rows[:num_tokens]

@@ -69,8 +69,8 @@ class HiddenStatesStore:
         if bool((slots < 0).any()):
             keep = slots >= 0
             slots, rows = slots[keep], rows[keep]
-        # index_copy_ into the column's [slots, H] view: 2.0x faster than ``_flat[slots, column] =
-        # rows`` (an index_put over two indices) at 2048 tokens, H 256 (benchmarks/RESULTS.md)
+        # index_copy_ into the column's [slots, H] view: 1.25x faster than ``_flat[slots, column] =
+        # rows`` (an index_put over two indices) at 2048 tokens, H 256 (benchmarks/store_put.py)
         self._flat.select(1, column).index_copy_(0, slots, rows.to(self.cache.dtype))
 
     def _sum_buffer(self, n: int, like: Any) -> Any:

@@ -5,6 +5,7 @@ tests/server/test_write_errors.py)."""
 from __future__ import annotations
 
 import asyncio
+import os
 from http import HTTPStatus
 from types import SimpleNamespace
 
@@ -60,8 +61,13 @@ def test_the_wrapper_answers_the_error_and_leaves_good_answers_alone(tmp_path):
 
     path = tmp_path / "x.safetensors"
     (tmp_path / "x.safetensors.lock").write_text("")
-    # the writer thread puts the file in place after the answer left the engine: the answer waits
-    threading.Timer(0.2, path.write_text, args=("rows",)).start()
+    # the writer thread renames the file into place after the answer left the engine: the answer waits
+    def put_in_place():
+        tmp = tmp_path / ".x.safetensors.tmp"
+        tmp.write_text("rows")
+        os.replace(tmp, path)
+
+    threading.Timer(0.2, put_in_place).start()
     good = asyncio.run(call({"hidden_states_path": str(path)}))
     assert good.kv_transfer_params == {"hidden_states_path": str(path)} and good.request == "req"
     assert path.read_text() == "rows" and not (tmp_path / "x.safetensors.lock").exists()

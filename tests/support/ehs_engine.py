@@ -16,12 +16,12 @@ then removes it.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
 import sys
-import time
+
+from lock_reader import contract_reader_wait  # tests/support (this file's directory)
 
 
 def _storage(action: str, path: str) -> None:
@@ -33,27 +33,6 @@ def _storage(action: str, path: str) -> None:
         os.makedirs(path)
     else:
         raise ValueError(action)
-
-
-def _wait_for_lock(path: str, timeout: float = 120.0) -> None:
-    lock = path + ".lock"
-    try:
-        fd = os.open(lock, os.O_RDWR)
-    except FileNotFoundError:
-        return
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{lock} still held after {timeout} s") from None
-                time.sleep(0.005)
-    finally:
-        os.close(fd)
-    os.unlink(lock)
 
 
 def run_engine(spec: dict, tmp, disable: str | None = None, timeout: int = 600, **extra_env: str):
@@ -106,8 +85,8 @@ def main() -> None:
         results = llm.generate([{"prompt_token_ids": ids} for ids in wave], params, use_tqdm=False)
         for r in results:
             path = (r.kv_transfer_params or {}).get("hidden_states_path")
-            if path:
-                _wait_for_lock(path)
+            if path and os.path.exists(path + ".lock"):
+                contract_reader_wait(path + ".lock", timeout=120.0, poll_interval=0.005)
             out.append({"prompt_token_ids": list(r.prompt_token_ids), "num_cached_tokens": r.num_cached_tokens,
                         "finish_reason": r.outputs[0].finish_reason,
                         "kv_transfer_params": r.kv_transfer_params})

@@ -31,6 +31,9 @@ from spec_compat.shims.hidden_states.files import (
 from spec_compat.shims.hidden_states.layer_ids import LAYER_ID_CONVENTION, LayerIdError, check_layer_ids
 from spec_compat.shims.hidden_states.slots import blocks_needed, gather_rows, token_slots
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+from lock_reader import contract_reader_wait  # noqa: E402  (the design's reader, shared with ehs_engine)
+
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "spec_compat" / "shims" / "hidden_states"
 
@@ -482,27 +485,6 @@ def test_an_interrupt_mid_write_removes_the_temp_file_and_is_not_wrapped(torch, 
 
 
 # ---------------------------------------------------------------- lock protocol
-
-def contract_reader_wait(lock_path, timeout=10.0, poll_interval=0.1):
-    """The reader's side of the lock protocol as the design states it (docs/design/
-    extract-hidden-states.md, 1.2): try an exclusive non-blocking flock on ``<path>.lock`` every
-    ``poll_interval`` seconds until ``timeout``, then delete the lock file.  Written here from that
-    description; the installed clients themselves are exercised below where a cell has them."""
-    deadline = time.monotonic() + timeout
-    fd = os.open(lock_path, os.O_RDWR)
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"lock {lock_path} still held after {timeout} s") from None
-                time.sleep(poll_interval)
-    finally:
-        os.close(fd)
-    os.remove(lock_path)
-
 
 def test_acquire_lock_holds_it_until_release(tmp_path):
     path = final_path(tmp_path, "r")

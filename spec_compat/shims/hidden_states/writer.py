@@ -21,11 +21,12 @@ import logging
 import os
 import threading
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
-from .files import HiddenStatesWriteError, _mark_error, _unlink_quietly, acquire_lock, error_path, release_lock
-from .files import write_atomically
+from .files import (
+    HiddenStatesWriteError, _mark_error, _unlink_quietly, acquire_lock, error_path, release_lock, write_atomically,
+)
 
 log = logging.getLogger("spec_compat")
 
@@ -109,12 +110,9 @@ class BackgroundWriter:
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait for every queued write; False when ``timeout`` passed first."""
-        from concurrent.futures import wait
-
         with self._guard:
             futures = set(self._futures)
-        done, not_done = wait(futures, timeout=timeout)
-        return not not_done
+        return not wait(futures, timeout=timeout).not_done
 
     def close(self) -> None:
         """Finish the queued writes and stop the thread (idempotent)."""

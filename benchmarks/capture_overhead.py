@@ -17,14 +17,16 @@ drift of this noisy machine hits every variant alike):
                  driver-torch-threads off: the driver copies with torch's default thread count): ``--threads-kept``.
 * ``capture-no-pool`` - ``capture`` with ``SPEC_COMPAT_SHM_POOL_MB=0`` (the hand-off's segments are
                  unlinked after each call, the worker writes fresh pages every call): ``--no-pool``.
+* ``capture-exact-check`` - ``capture`` with the NaN/inf check of ``generator-input-checks`` taking
+                 ``isfinite(h).all()`` of every layer (its form before the one-sum fast path): ``--exact-check``.
 * ``capture-predict`` - experiment (``--predict``): the driver sleeping once per step instead of polling.
 * ``native04`` - the same call in a speculators 0.4.0.1 cell (``--python-04``): its own generator,
                  with only the patches that cell needs (P3).
 
 usage:
     python benchmarks/capture_overhead.py [--model llama|kimi-k25|wide] [--seqs 64] [--len 512]
-        [--repeats 3] [--rounds 2 | --interleave CYCLES] [--sleep] [--copied] [--threads-kept] [--no-pool]
-        [--python PY] [--python-04 PY]
+        [--repeats 3] [--rounds 2 | --interleave CYCLES] [--sleep] [--copied] [--threads-kept] [--no-pool] [--exact-check]
+        [--calls-per-turn K] [--python PY] [--python-04 PY]
         [--json OUT]
 
 ``--rounds``: each variant's engine is started ``rounds`` times (alternating order) and timed for
@@ -159,6 +161,10 @@ def child(variant: str, model: str, ids_file: str, repeats: int, max_model_len: 
             assert len(out) == len(ids)
     else:
         import spec_compat  # noqa: F401  (before speculators)
+        if variant == "capture-exact-check":
+            from spec_compat.shims import inputs
+
+            inputs._sum_is_finite = lambda torch, h: False  # every layer through isfinite(h).all()
         if variant == "capture-copied":
             import functools
 
@@ -302,12 +308,17 @@ class PausedEngine:
         self.kill()
         raise SystemExit(f"{self.variant} failed (exit {self.proc.returncode}):\n{self.errlog.read_text()[-3000:]}")
 
-    def call(self) -> dict:
+    def call(self, n: int = 1) -> list[dict]:
+        """``n`` timed calls in a row while the engine is awake (the first one right after its
+        resume)."""
         self._signal(signal.SIGCONT)
         try:
-            self.proc.stdin.write("go\n")  # type: ignore[union-attr]
-            self.proc.stdin.flush()  # type: ignore[union-attr]
-            return json.loads(self._expect("SPEC_COMPAT_CALL "))
+            out = []
+            for _ in range(n):
+                self.proc.stdin.write("go\n")  # type: ignore[union-attr]
+                self.proc.stdin.flush()  # type: ignore[union-attr]
+                out.append(json.loads(self._expect("SPEC_COMPAT_CALL ")))
+            return out
         finally:
             if self.proc.poll() is None:
                 self._signal(signal.SIGSTOP)
@@ -321,8 +332,12 @@ class PausedEngine:
 
 
 def interleaved(variants: list[tuple[str, str]], model: Path, ids_file: Path, cycles: int,
-                max_model_len: int) -> tuple[dict[str, list[float]], dict[str, dict[str, list[float]]], int]:
-    """``cycles`` x one call of every variant, the order rotating from cycle to cycle."""
+                max_model_len: int, per_turn: int = 1,
+                first: dict[str, list[float]] | None = None,
+                ) -> tuple[dict[str, list[float]], dict[str, dict[str, list[float]]], int]:
+    """``cycles`` x one turn of every variant, the order rotating from cycle to cycle.  A turn is
+    ``per_turn`` calls in a row; the last one is the sample, the first one (right after the
+    engine's resume) is also appended to ``first`` when ``per_turn`` > 1."""
     engines: list[PausedEngine] = []
     seconds: dict[str, list[float]] = {v: [] for v, _ in variants}
     cpu: dict[str, dict[str, list[float]]] = {v: {"front": [], "engine": []} for v, _ in variants}
@@ -335,7 +350,10 @@ def interleaved(variants: list[tuple[str, str]], model: Path, ids_file: Path, cy
             k = c % len(engines)
             line = []
             for eng in engines[k:] + engines[:k]:
-                res = eng.call()
+                calls = eng.call(per_turn)
+                res = calls[-1]
+                if first is not None and per_turn > 1:
+                    first.setdefault(eng.variant, []).append(calls[0]["seconds"])
                 seconds[eng.variant].append(res["seconds"])
                 cpu[eng.variant]["front"].append(res["cpu_front"])
                 cpu[eng.variant]["engine"].append(res["cpu_engine"])
@@ -386,6 +404,12 @@ def main() -> int:
                     help="per round, every variant's engine stays up (frozen while another runs) and the "
                          "variants take turns for CYCLES cycles of one call each (--repeats is then unused); "
                          "ratios per cycle and per round")
+    ap.add_argument("--exact-check", action="store_true",
+                    help="also run capture with the NaN/inf check counting every layer exactly "
+                         "(isfinite(h).all(), the check before its one-sum fast path)")
+    ap.add_argument("--calls-per-turn", type=int, default=1, metavar="K",
+                    help="with --interleave: K calls in a row per turn, the last one timed as the sample "
+                         "(the first one after the engine's resume is reported apart)")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
 
@@ -415,20 +439,25 @@ def main() -> int:
             variants.append(("capture-threads-kept", args.python))
         if args.no_pool:
             variants.append(("capture-no-pool", args.python))
+        if args.exact_check:
+            variants.append(("capture-exact-check", args.python))
         if args.python_04:
             variants.append(("native04", args.python_04))
         seconds: dict[str, list[float]] = {v: [] for v, _ in variants}
         cpu: dict[str, dict[str, list[float]]] = {v: {"front": [], "engine": []} for v, _ in variants}
         tokens = 0
         rounds: list[dict[str, list[float]]] = []  # interleaved: each round's seconds per variant
+        firsts: list[dict[str, list[float]]] = []  # --calls-per-turn > 1: each round's first calls
         for r in range(args.rounds if args.interleave else 0):
             # fresh engines every round: an engine instance keeps its own speed for its whole life
             # (measured: P2 per cycle 0.87 with one pair of engines, 0.99 with the next), so the
             # cycles of one round are paired and the rounds are the independent samples
             print(f"round {r + 1}", file=sys.stderr, flush=True)
+            first: dict[str, list[float]] = {}
             rs, rc, tokens = interleaved(variants if r % 2 == 0 else variants[::-1], model, ids_file,
-                                         args.interleave, max_model_len)
+                                         args.interleave, max_model_len, args.calls_per_turn, first)
             rounds.append(rs)
+            firsts.append(first)
             for v in rs:
                 seconds[v].extend(rs[v])
                 cpu[v]["front"].extend(rc[v]["front"])
@@ -471,6 +500,10 @@ def main() -> int:
                           "capture-threads-kept"))
             pairs.append(("P2 without driver-torch-threads (capture-threads-kept/plain)", "capture-threads-kept",
                           "plain"))
+        if "capture-exact-check" in seconds:
+            pairs.append(("capture/capture-exact-check (NaN/inf check by one sum vs isfinite)", "capture",
+                          "capture-exact-check"))
+            pairs.append(("P2 with the exact check (capture-exact-check/plain)", "capture-exact-check", "plain"))
         if "capture-no-pool" in seconds:
             pairs.append(("capture/capture-no-pool (recycled segments on vs off)", "capture", "capture-no-pool"))
             pairs.append(("P2 without recycled segments (capture-no-pool/plain)", "capture-no-pool", "plain"))
@@ -479,6 +512,12 @@ def main() -> int:
         for name, num, den in pairs:
             per_cycle[name] = paired(seconds, num, den)
             per_round = [paired(rs, num, den)["median"] for rs in rounds]
+            per_cycle[name]["per_round_medians"] = per_round
+            per_cycle[name]["median_of_rounds"] = statistics.median(per_round)
+        if args.calls_per_turn > 1:  # the same pairs, from the first call after each resume
+            name = "P2 first call after resume (capture/plain)"
+            per_cycle[name] = paired({v: [x for f in firsts for x in f[v]] for v in firsts[0]}, "capture", "plain")
+            per_round = [paired(f, "capture", "plain")["median"] for f in firsts]
             per_cycle[name]["per_round_medians"] = per_round
             per_cycle[name]["median_of_rounds"] = statistics.median(per_round)
         print(f"model {args.model}: {args.seqs} x {args.length} tokens ({tokens}), interleaved, "
@@ -512,7 +551,8 @@ def main() -> int:
                                                "tokens": tokens, "engine": ENGINE, "summary": summary,
                                                "seconds": seconds, "cpu_per_1k_tokens": cpu_summary,
                                                "cpu_seconds": cpu, "ratios": ratios,
-                                               "interleave_cycles": args.interleave, "per_cycle": per_cycle},
+                                               "interleave_cycles": args.interleave,
+                                               "calls_per_turn": args.calls_per_turn, "per_cycle": per_cycle},
                                               indent=2) + "\n")
     return 0
 

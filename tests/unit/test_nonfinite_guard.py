@@ -126,3 +126,26 @@ def test_layers_named_by_position_when_the_ids_do_not_match():
     with pytest.raises(NonFiniteStatesError, match="sequence 0 layer 1: 1 of 2 captured"):
         check_finite(res, PID, "raise", layer_ids=[4])
     assert check_finite([{"hidden_states": [torch.zeros(3, dtype=torch.long)]}], PID, "raise") == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64", "complex64"])
+@pytest.mark.parametrize("bad, count", [([math.nan], 1), ([math.inf], 1), ([-math.inf], 1),
+                                        ([math.inf, -math.inf], 2), ([math.nan, math.inf, 7.0], 2)])
+def test_every_kind_of_non_finite_value_is_counted(dtype, bad, count):
+    """The check sums each layer once and counts exactly only when the sum is not finite: +inf
+    and -inf in one layer (their sum is NaN), NaN next to inf, in every float dtype."""
+    h = torch.ones(64, 8, dtype=getattr(torch, dtype))
+    for i, v in enumerate(bad):
+        h[i, 3] = v
+    with pytest.raises(NonFiniteStatesError, match=f"sequence 1 layer 0: {count} of 512 captured"):
+        check_finite([{"hidden_states": [torch.ones(4, 8)]}, {"hidden_states": [h]}], PID, "raise")
+    assert check_finite([{"hidden_states": [h]}], PID, "warn") == count
+
+
+@pytest.mark.parametrize("dtype, big", [("float32", 3e38), ("float16", 60000.0), ("bfloat16", 3e38)])
+def test_finite_values_whose_sum_overflows_are_not_reported(dtype, big):
+    """A layer of large finite values overflows its own dtype's sum (fp32 3e38 x 2; fp16 60000 x 2):
+    no false alarm."""
+    h = torch.full((16, 4), big, dtype=getattr(torch, dtype))
+    assert bool(torch.isinf(h.float().sum() if dtype == "float32" else h.sum())), "the case must overflow"
+    assert check_finite([{"hidden_states": [h]}], PID, "raise") == 0

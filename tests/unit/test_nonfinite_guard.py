@@ -144,8 +144,7 @@ def test_every_kind_of_non_finite_value_is_counted(dtype, bad, count):
 
 @pytest.mark.parametrize("dtype, big", [("float32", 3e38), ("float16", 60000.0), ("bfloat16", 3e38)])
 def test_finite_values_whose_sum_overflows_are_not_reported(dtype, big):
-    """A layer of large finite values overflows its own dtype's sum (fp32 3e38 x 2; fp16 60000 x 2):
-    no false alarm."""
+    """64 large finite values overflow a sum in their own dtype (fp16 / bf16 / fp32): no false alarm."""
     h = torch.full((16, 4), big, dtype=getattr(torch, dtype))
-    assert bool(torch.isinf(h.float().sum() if dtype == "float32" else h.sum())), "the case must overflow"
+    assert bool(torch.isinf(h.sum())), "the case must overflow"
     assert check_finite([{"hidden_states": [h]}], PID, "raise") == 0

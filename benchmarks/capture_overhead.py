@@ -13,20 +13,25 @@ drift of this noisy machine hits every variant alike):
 * ``capture-copied`` - ``capture`` with the hand-off's driver side copying every layer into fresh
                  tensors (``materialize(..., map_pages=False)``, the shipped path before layers were
                  returned as views of the mapped segment): ``--copied``.
+* ``capture-pool`` - ``capture`` with ``SPEC_COMPAT_SHM_POOL_MB=1024`` (segments recycled: the worker
+                 writes pages it has written before): ``--pool``.
 * ``capture-threads-kept`` - ``capture`` with ``SPEC_COMPAT_DRIVER_THREADS=keep`` (patch
                  driver-torch-threads off: the driver copies with torch's default thread count): ``--threads-kept``.
 * ``capture-no-pool`` - ``capture`` with ``SPEC_COMPAT_SHM_POOL_MB=0`` (the hand-off's segments are
                  unlinked after each call, the worker writes fresh pages every call): ``--no-pool``.
 * ``capture-exact-check`` - ``capture`` with the NaN/inf check of ``generator-input-checks`` taking
                  ``isfinite(h).all()`` of every layer (its form before the one-sum fast path): ``--exact-check``.
+* ``plain-inproc`` - ``plain`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (``--plain-inproc``): vLLM's
+                 engine core in the calling process, which then schedules, steps and handles the outputs
+                 one after another, as speculators' driver does; its executor's steps are timed.
 * ``capture-predict`` - experiment (``--predict``): the driver sleeping once per step instead of polling.
 * ``native04`` - the same call in a speculators 0.4.0.1 cell (``--python-04``): its own generator,
                  with only the patches that cell needs (P3).
 
 usage:
     python benchmarks/capture_overhead.py [--model llama|kimi-k25|wide] [--seqs 64] [--len 512]
-        [--repeats 3] [--rounds 2 | --interleave CYCLES] [--sleep] [--copied] [--threads-kept] [--no-pool] [--exact-check]
-        [--calls-per-turn K] [--python PY] [--python-04 PY]
+        [--repeats 3] [--rounds 2 | --interleave CYCLES] [--sleep] [--copied] [--threads-kept] [--pool] [--no-pool] [--exact-check]
+        [--calls-per-turn K] [--plain-inproc] [--python PY] [--python-04 PY]
         [--json OUT]
 
 ``--rounds``: each variant's engine is started ``rounds`` times (alternating order) and timed for
@@ -35,6 +40,10 @@ keeps each frozen (SIGSTOP) while another runs; the variants take turns one call
 order rotating each cycle, and the ratios are also given per cycle (median and quartiles of the
 cycle-by-cycle ratios) and per round: drift of the machine hits neighbouring calls alike, and the
 rounds sample the speed an engine instance keeps for its whole life.
+
+Interleaved runs of ``capture`` and ``plain-inproc`` also print each call's model steps (the
+executor's ``execute_model`` / ``sample_tokens`` as the calling process waits for them) and what is
+left of the call outside them (request set-up, scheduling, the hand-off, speculators' clone loop).
 
 Prints tokens/s per variant (min / median / max over every timed repeat) and the ratios
 capture/plain (P2, goal >= 0.95) and capture/native04 (P3, goal >= 1.0).  Engine start-up
@@ -145,10 +154,32 @@ def predict_wait(executor) -> None:
     executor.execute_model = execute_model
 
 
+#: seconds of the engine's model steps in the current call, as the calling process sees them
+#: (``execute_model`` / ``sample_tokens`` of the executor; 0 where the engine core is in another process)
+STEP_SECONDS = [0.0]
+
+
+def time_steps(executor, names: tuple[str, ...]) -> None:
+    """Add the wall time of ``executor``'s ``names`` methods to :data:`STEP_SECONDS`."""
+    for name in names:
+        inner = getattr(executor, name, None)
+        if inner is None:
+            continue
+
+        def timed_step(*args, _inner=inner, **kwargs):
+            t = time.perf_counter()
+            try:
+                return _inner(*args, **kwargs)
+            finally:
+                STEP_SECONDS[0] += time.perf_counter() - t
+
+        setattr(executor, name, timed_step)
+
+
 def child(variant: str, model: str, ids_file: str, repeats: int, max_model_len: int) -> None:
     ids = json.loads(Path(ids_file).read_text())
     tokens = sum(len(s) for s in ids)
-    if variant == "plain":
+    if variant in ("plain", "plain-inproc"):
         from vllm import LLM, SamplingParams
 
         llm = LLM(model=model, enforce_eager=True, max_model_len=max_model_len, enable_prefix_caching=False,
@@ -159,6 +190,9 @@ def child(variant: str, model: str, ids_file: str, repeats: int, max_model_len: 
         def call() -> None:
             out = llm.generate(prompts, params, use_tqdm=False)
             assert len(out) == len(ids)
+
+        if variant == "plain-inproc":  # the engine core is here: its executor's steps can be timed
+            time_steps(llm.llm_engine.engine_core.engine_core.model_executor, ("execute_model", "sample_tokens"))
     else:
         import spec_compat  # noqa: F401  (before speculators)
         if variant == "capture-exact-check":
@@ -181,6 +215,7 @@ def child(variant: str, model: str, ids_file: str, repeats: int, max_model_len: 
 
         if variant == "capture-predict":
             predict_wait(gen.executor)
+        time_steps(gen.executor, ("execute_model",))  # its sample_tokens RPC runs inside execute_model
 
         def call() -> None:
             out = gen.generate(ids)
@@ -219,9 +254,11 @@ def child(variant: str, model: str, ids_file: str, repeats: int, max_model_len: 
         for line in sys.stdin:
             if line.strip() != "go":
                 break
+            STEP_SECONDS[0] = 0.0
             seconds, front, engine = timed()
             print("SPEC_COMPAT_CALL " + json.dumps({"variant": variant, "tokens": tokens, "seconds": seconds,
-                                                    "cpu_front": front, "cpu_engine": engine}), flush=True)
+                                                    "cpu_front": front, "cpu_engine": engine,
+                                                    "step_seconds": STEP_SECONDS[0]}), flush=True)
         return
     times, cpu_front, cpu_engine = [], [], []
     for _ in range(repeats):
@@ -249,6 +286,10 @@ def child_env(variant: str) -> dict[str, str]:
     env.pop("SPEC_COMPAT_SHM_POOL_MB", None)
     if variant == "capture-no-pool":
         env["SPEC_COMPAT_SHM_POOL_MB"] = "0"
+    if variant == "capture-pool":
+        env["SPEC_COMPAT_SHM_POOL_MB"] = "1024"
+    if variant == "plain-inproc":
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if variant == "capture-threads-kept":
         env["SPEC_COMPAT_DRIVER_THREADS"] = "keep"
     if variant == "capture-sleep":
@@ -331,6 +372,10 @@ class PausedEngine:
         self.proc.wait()
 
 
+#: interleaved runs: (call seconds, step seconds) per variant whose steps the calling process sees
+STEPS: dict[str, list[tuple[float, float]]] = {}
+
+
 def interleaved(variants: list[tuple[str, str]], model: Path, ids_file: Path, cycles: int,
                 max_model_len: int, per_turn: int = 1,
                 first: dict[str, list[float]] | None = None,
@@ -358,7 +403,11 @@ def interleaved(variants: list[tuple[str, str]], model: Path, ids_file: Path, cy
                 cpu[eng.variant]["front"].append(res["cpu_front"])
                 cpu[eng.variant]["engine"].append(res["cpu_engine"])
                 tokens = res["tokens"]
-                line.append(f"{eng.variant} {tokens / res['seconds']:7.0f}")
+                step = res.get("step_seconds") or 0.0
+                if step:
+                    STEPS.setdefault(eng.variant, []).append((res["seconds"], step))
+                line.append(f"{eng.variant} {tokens / res['seconds']:7.0f}"
+                            + (f" (steps {1000 * step:.0f} of {1000 * res['seconds']:.0f} ms)" if step else ""))
             print(f"cycle {c + 1:3d}: " + "  ".join(line) + " tok/s", file=sys.stderr, flush=True)
     finally:
         for eng in engines:
@@ -395,6 +444,8 @@ def main() -> int:
     ap.add_argument("--threads-kept", action="store_true",
                     help="also run capture with SPEC_COMPAT_DRIVER_THREADS=keep (torch's thread count in the "
                          "driver, the shipped path before patch driver-torch-threads)")
+    ap.add_argument("--pool", action="store_true",
+                    help="also run capture with SPEC_COMPAT_SHM_POOL_MB=1024 (the worker writes recycled segment pages)")
     ap.add_argument("--no-pool", action="store_true",
                     help="also run capture with SPEC_COMPAT_SHM_POOL_MB=0 (no recycled segments: fresh pages "
                          "every call, the shipped path before the pool)")
@@ -404,6 +455,8 @@ def main() -> int:
                     help="per round, every variant's engine stays up (frozen while another runs) and the "
                          "variants take turns for CYCLES cycles of one call each (--repeats is then unused); "
                          "ratios per cycle and per round")
+    ap.add_argument("--plain-inproc", action="store_true",
+                    help="also run plain with VLLM_ENABLE_V1_MULTIPROCESSING=0 (engine core in the calling process)")
     ap.add_argument("--exact-check", action="store_true",
                     help="also run capture with the NaN/inf check counting every layer exactly "
                          "(isfinite(h).all(), the check before its one-sum fast path)")
@@ -439,8 +492,12 @@ def main() -> int:
             variants.append(("capture-threads-kept", args.python))
         if args.no_pool:
             variants.append(("capture-no-pool", args.python))
+        if args.pool:
+            variants.append(("capture-pool", args.python))
         if args.exact_check:
             variants.append(("capture-exact-check", args.python))
+        if args.plain_inproc:
+            variants.append(("plain-inproc", args.python))
         if args.python_04:
             variants.append(("native04", args.python_04))
         seconds: dict[str, list[float]] = {v: [] for v, _ in variants}
@@ -504,9 +561,15 @@ def main() -> int:
             pairs.append(("capture/capture-exact-check (NaN/inf check by one sum vs isfinite)", "capture",
                           "capture-exact-check"))
             pairs.append(("P2 with the exact check (capture-exact-check/plain)", "capture-exact-check", "plain"))
+        if "capture-pool" in seconds:
+            pairs.append(("capture-pool/capture (recycled segments vs fresh ones)", "capture-pool", "capture"))
+            pairs.append(("P2 with recycled segments (capture-pool/plain)", "capture-pool", "plain"))
         if "capture-no-pool" in seconds:
             pairs.append(("capture/capture-no-pool (recycled segments on vs off)", "capture", "capture-no-pool"))
             pairs.append(("P2 without recycled segments (capture-no-pool/plain)", "capture-no-pool", "plain"))
+        if "plain-inproc" in seconds:
+            pairs.append(("plain-inproc/plain (engine core in-process vs its own process)", "plain-inproc", "plain"))
+            pairs.append(("capture/plain-inproc", "capture", "plain-inproc"))
         if "native04" in seconds:
             pairs.append(("P3 capture/native04", "capture", "native04"))
         for name, num, den in pairs:
@@ -541,6 +604,10 @@ def main() -> int:
         ratios["P3 CPU engine native04/capture"] = cpu_summary["native04"]["engine"] / cpu_summary["capture"]["engine"]
     for k, v in ratios.items():
         print(f"  {k}: {v:.3f}")
+    for v, pairs_ in STEPS.items():
+        print(f"  {v:9s} per call (medians): {1000 * statistics.median(c for c, _ in pairs_):.1f} ms, model steps "
+              f"{1000 * statistics.median(st for _, st in pairs_):.1f} ms, outside the steps "
+              f"{1000 * statistics.median(c - st for c, st in pairs_):.1f} ms (n={len(pairs_)})")
     for k, v in per_cycle.items():
         print(f"  {k} per cycle: median {v['median']:.3f}  quartiles {v['q1']:.3f} .. {v['q3']:.3f}  "
               f"min {v['min']:.3f}  max {v['max']:.3f}  (>= 1.0 in {v['share_ge_1']:.0%} of {v['n']})")
@@ -552,7 +619,8 @@ def main() -> int:
                                                "seconds": seconds, "cpu_per_1k_tokens": cpu_summary,
                                                "cpu_seconds": cpu, "ratios": ratios,
                                                "interleave_cycles": args.interleave,
-                                               "calls_per_turn": args.calls_per_turn, "per_cycle": per_cycle},
+                                               "calls_per_turn": args.calls_per_turn, "per_cycle": per_cycle,
+                                               "call_and_step_seconds": STEPS},
                                               indent=2) + "\n")
     return 0
 

@@ -41,7 +41,7 @@ order rotating each cycle, and the ratios are also given per cycle (median and q
 cycle-by-cycle ratios) and per round: drift of the machine hits neighbouring calls alike, and the
 rounds sample the speed an engine instance keeps for its whole life.
 
-Interleaved runs of ``capture`` and ``plain-inproc`` also print each call's model steps (the
+Interleaved runs of the ``capture`` variants and ``plain-inproc`` also print each call's model steps (the
 executor's ``execute_model`` / ``sample_tokens`` as the calling process waits for them) and what is
 left of the call outside them (request set-up, scheduling, the hand-off, speculators' clone loop).
 
@@ -53,6 +53,7 @@ and one warm-up call are excluded from the timings.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import signal
@@ -155,25 +156,17 @@ def predict_wait(executor) -> None:
 
 
 #: seconds of the engine's model steps in the current call, as the calling process sees them
-#: (``execute_model`` / ``sample_tokens`` of the executor; 0 where the engine core is in another process)
-STEP_SECONDS = [0.0]
+#: (``execute_model`` / ``sample_tokens`` of the executor; empty where the engine core is in another process)
+STEP_SECONDS: collections.defaultdict[str, float] = collections.defaultdict(float)
 
 
 def time_steps(executor, names: tuple[str, ...]) -> None:
     """Add the wall time of ``executor``'s ``names`` methods to :data:`STEP_SECONDS`."""
+    from driver_phases import timed  # this directory: the phase timer of driver_phases.py
+
     for name in names:
-        inner = getattr(executor, name, None)
-        if inner is None:
-            continue
-
-        def timed_step(*args, _inner=inner, **kwargs):
-            t = time.perf_counter()
-            try:
-                return _inner(*args, **kwargs)
-            finally:
-                STEP_SECONDS[0] += time.perf_counter() - t
-
-        setattr(executor, name, timed_step)
+        if getattr(executor, name, None) is not None:
+            setattr(executor, name, timed(STEP_SECONDS, name, getattr(executor, name)))
 
 
 def child(variant: str, model: str, ids_file: str, repeats: int, max_model_len: int) -> None:
@@ -254,11 +247,11 @@ def child(variant: str, model: str, ids_file: str, repeats: int, max_model_len: 
         for line in sys.stdin:
             if line.strip() != "go":
                 break
-            STEP_SECONDS[0] = 0.0
+            STEP_SECONDS.clear()
             seconds, front, engine = timed()
             print("SPEC_COMPAT_CALL " + json.dumps({"variant": variant, "tokens": tokens, "seconds": seconds,
                                                     "cpu_front": front, "cpu_engine": engine,
-                                                    "step_seconds": STEP_SECONDS[0]}), flush=True)
+                                                    "step_seconds": sum(STEP_SECONDS.values())}), flush=True)
         return
     times, cpu_front, cpu_engine = [], [], []
     for _ in range(repeats):

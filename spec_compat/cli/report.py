@@ -77,7 +77,7 @@ def report_data() -> dict[str, Any]:
             f"VLLM_MLA_DISABLE is {os.environ.get('VLLM_MLA_DISABLE', 'unset')} here"
         )
     from ..core.versions import release_of
-    from ..core.tested import tested_status
+    from .tested_cells import tested_status
 
     versions = installed_versions()
     providers = _providers()

@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from spec_compat.core.proof import proof_cases
+from proof_runs import proof_cases  # tests/support (on sys.path: tests/conftest.py)
 
 if os.environ.get("SPEC_COMPAT_REQUIRE_ENGINE") == "1":
     import hypothesis  # an engine cell installs it (matrix/cells.py TEST_REQUIREMENTS)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from spec_compat import REGISTRY
-from spec_compat.core.proof import proof_cases
+from proof_runs import proof_cases  # tests/support (on sys.path: tests/conftest.py)
 from spec_compat.shims.handoff import live_segments as _segments
 
 pytestmark = pytest.mark.engine

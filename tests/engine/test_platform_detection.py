@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from spec_compat import REGISTRY
-from spec_compat.core.proof import proof_cases
+from proof_runs import proof_cases  # tests/support (on sys.path: tests/conftest.py)
 
 pytestmark = pytest.mark.engine
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from spec_compat import REGISTRY
-from spec_compat.core.proof import proof_cases
+from proof_runs import proof_cases  # tests/support (on sys.path: tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINING_STEPS = ROOT / "tests" / "support" / "training_steps.py"

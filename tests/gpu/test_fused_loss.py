@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from spec_compat.core.proof import proof_cases
+from proof_runs import proof_cases  # tests/support (on sys.path: tests/conftest.py)
 
 
 def _cuda_and_fused() -> str | None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from spec_compat.core.proof import proof_cases
+from proof_runs import find_symptom, proof_cases  # tests/support (on sys.path: tests/conftest.py)
 from spec_compat.core.versions import in_range, installed_version, providers
 
 from test_speculators_client import BLOCK, _post, _written, serve_args
@@ -75,7 +75,7 @@ def test_extraction_fails_with_only_this_patch_disabled(fixture_model, serve, tm
     # the write is handed to the connector's worker-side thread: the request may answer 200 before
     # that thread fails, so the symptom can reach the log after the response (wait, then stop)
     deadline = time.monotonic() + 60
-    while proof.proof.find_symptom(stock.log.read_text(errors="replace")) is None and time.monotonic() < deadline:
+    while find_symptom(proof.proof, stock.log.read_text(errors="replace")) is None and time.monotonic() < deadline:
         time.sleep(0.5)
     stock.stop()
     proof.assert_symptom(stock.log.read_text(errors="replace"))

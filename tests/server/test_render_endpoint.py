@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from spec_compat.core.proof import proof_cases
+from proof_runs import proof_cases  # tests/support (on sys.path: tests/conftest.py)
 from spec_compat.core.versions import in_range, installed_version
 
 from test_speculators_client import LAYER_IDS, _post, serve_args, start_extraction_server

@@ -28,7 +28,7 @@ import pytest
 from packaging.version import Version
 
 from spec_compat import REGISTRY
-from spec_compat.core.proof import proof_cases
+from proof_runs import proof_cases  # tests/support (on sys.path: tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYER_IDS = [1, 2, 3, 4]  # aux ids, then N (the verifier's last state): speculators' order
@@ -106,7 +106,9 @@ def _serve_args(model: Path, storage: Path, trust: bool) -> list[str]:
 
 def _client_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "SPEC_COMPAT_DISABLE"}
-    env.update(COLUMNS="200", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    # ROOT first (the client env has no editable spec-compat); what PYTHONPATH held stays after it
+    env.update(COLUMNS="200", HF_HUB_OFFLINE="1",
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
     return env
 
 

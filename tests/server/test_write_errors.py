@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from spec_compat.core.proof import proof_cases
+from proof_runs import proof_cases  # tests/support (on sys.path: tests/conftest.py)
 from spec_compat.core.versions import in_range, installed_version
 
 from test_speculators_client import _WRITE_DATASET, _post, _written, serve_args

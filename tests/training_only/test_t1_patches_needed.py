@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from spec_compat.core.versions import in_range, installed_version
-from spec_compat.core.proof import proof_cases
+from proof_runs import find_symptom, proof_cases  # tests/support (on sys.path: tests/conftest.py)
 
 pytestmark = pytest.mark.t1
 
@@ -74,4 +74,4 @@ def test_stock_speculators_fails_at_import(llama_dir, tmp_path):
     proc = run_steps(llama_dir, tmp_path, ",".join(T1))
     first = REGISTRY.get("attn-mask-utils-module" if TF_524 else "pretrained-config-annotations").proof
     assert verdict(proc).startswith("T1-FAIL import "), verdict(proc)
-    assert first.find_symptom(verdict(proc)), (verdict(proc), first.symptom)
+    assert find_symptom(first, verdict(proc)), (verdict(proc), first.symptom)

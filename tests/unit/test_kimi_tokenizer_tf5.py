@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from spec_compat.core.proof import proof_cases
+from proof_runs import proof_cases  # tests/support (on sys.path: tests/conftest.py)
 from spec_compat.core.versions import in_range, installed_version
 
 _LOAD = r"""

@@ -5,8 +5,7 @@ declaration is checked against the test it names, without running it:
   patch's case is a collected item) and takes the ``prove`` fixture;
 * a symptom proof's test asserts the symptom and its absence, an optimisation's test compares
   output with and without, a measured claim names a recorded benchmark JSON;
-* a proof's key changes whenever one of its inputs changes (patch source, proof test source,
-  the versions of the cell), so an unchanged proof is re-run exactly when it must be.
+* (what a recorded pass depends on: tests/unit/test_proof_keys.py).
 """
 
 from __future__ import annotations
@@ -19,8 +18,8 @@ import pytest
 
 from spec_compat import REGISTRY
 from spec_compat import patches  # noqa: F401  (registers every patch)
-from spec_compat.core.proof import (BENCHMARK_KINDS, MEASURED, SYMPTOM_KINDS, Proof, ProofDeclarationError, ProofRun,
-                               proof_cases, proof_key)
+from spec_compat.core.proof import BENCHMARK_KINDS, MEASURED, SYMPTOM_KINDS, Proof, ProofDeclarationError
+from proof_runs import ProofRun, proof_cases  # tests/support
 
 ROOT = Path(__file__).resolve().parents[2]
 ALL = sorted(p.id for p in REGISTRY.patches())
@@ -102,82 +101,3 @@ def test_proof_run_lists_what_the_test_did_not_do():
     wrong.disabled.append("p")  # the superseding patch left on
     wrong.symptom_seen, wrong.absent_checked = "x", True
     assert wrong.problems() == ["disabled ['p'], declared 'p,other'"]
-
-
-def _tree(tmp_path: Path) -> tuple[Path, Proof, Path]:
-    root = tmp_path / "repo"
-    (root / "spec_compat" / "patches").mkdir(parents=True)
-    (root / "spec_compat" / "shims").mkdir()
-    (root / "spec_compat" / "cli").mkdir()
-    (root / "tests" / "engine").mkdir(parents=True)
-    (root / "spec_compat" / "__init__.py").write_text("")
-    (root / "spec_compat" / "patches" / "__init__.py").write_text("from . import mine, other\n")
-    (root / "spec_compat" / "patches" / "mine.py").write_text("from ..shims import helper\nX = 1\n")
-    (root / "spec_compat" / "patches" / "other.py").write_text("Y = 1\n")
-    (root / "spec_compat" / "shims" / "__init__.py").write_text("")
-    (root / "spec_compat" / "shims" / "helper.py").write_text("Z = 1\n")
-    (root / "spec_compat" / "cli" / "selftest.py").write_text("S = 1\n")
-    (root / "tests" / "conftest.py").write_text("C = 1\n")
-    (root / "tests" / "engine" / "test_x.py").write_text("def test_y(): pass\n")
-    proof = Proof("fails", "tests/engine/test_x.py::test_y", "E")
-    return root, proof, root / "spec_compat" / "patches" / "mine.py"
-
-
-VERSIONS = {"speculators": "0.3.0", "vllm": "0.16.0", "transformers": "4.57.6", "torch": "2.10.0"}
-
-
-@pytest.mark.parametrize("change", [
-    "patch source", "shim the patch imports", "proof test", "conftest above the test", "harness module",
-    "speculators version", "vllm version", "transformers version", "torch version", "symptom declared"])
-def test_changing_any_input_changes_the_key(tmp_path, change):
-    """An unchanged key means the recorded pass stands (CI skips the proof); each input alone
-    must change it, so that CI re-runs the proof."""
-    root, proof, patch_file = _tree(tmp_path)
-    key, files = proof_key("mine", proof, patch_file, root, VERSIONS)
-    assert "spec_compat/patches/other.py" not in files  # another patch's source is not an input
-    assert proof_key("mine", proof, patch_file, root, dict(VERSIONS))[0] == key  # deterministic
-    versions = dict(VERSIONS)
-    edits = {
-        "patch source": root / "spec_compat/patches/mine.py",
-        "shim the patch imports": root / "spec_compat/shims/helper.py",
-        "proof test": root / "tests/engine/test_x.py",
-        "conftest above the test": root / "tests/conftest.py",
-        "harness module": root / "spec_compat/cli/selftest.py",
-    }
-    if change in edits:
-        edits[change].write_text(edits[change].read_text() + "CHANGED = 1\n")
-    elif change.endswith(" version"):
-        versions[change.split()[0]] += ".post1"
-    else:
-        proof = Proof("fails", proof.test, "E2")
-    assert proof_key("mine", proof, patch_file, root, versions)[0] != key, change
-
-
-def test_another_patch_changing_keeps_the_key(tmp_path):
-    """Even when the harness borrows a helper from that other patch's module."""
-    root, proof, patch_file = _tree(tmp_path)
-    (root / "spec_compat" / "cli" / "selftest.py").write_text("from ..patches.other import Y\nS = 1\n")
-    key, files = proof_key("mine", proof, patch_file, root, VERSIONS)
-    assert "spec_compat/cli/selftest.py" in files and "spec_compat/patches/other.py" not in files
-    (root / "spec_compat/patches/other.py").write_text("Y = 2\n")
-    assert proof_key("mine", proof, patch_file, root, VERSIONS)[0] == key
-
-
-def test_comments_docstrings_and_the_patch_list_change_no_key(tmp_path):
-    """A key changes with code only: a comment, a docstring, a blank line, the list of patch
-    modules (patches/__init__.py) and the generated manifest are not inputs."""
-    root, proof, patch_file = _tree(tmp_path)
-    (root / "spec_compat" / "core").mkdir()
-    (root / "spec_compat" / "core" / "manifest.py").write_text("PATCH_IDS = ('mine',)\n")
-    (root / "spec_compat" / "patches" / "mine.py").write_text(
-        "from ..shims import helper\nfrom ..core import manifest\nX = 1\n")
-    key, files = proof_key("mine", proof, patch_file, root, VERSIONS)
-    assert "spec_compat/core/manifest.py" not in files and "spec_compat/patches/__init__.py" not in files
-    patch_file.write_text('"""A docstring."""\n# a comment\nfrom ..shims import helper\n\n'
-                          "from ..core import manifest\nX = 1  # why\n")
-    (root / "spec_compat" / "patches" / "__init__.py").write_text("from . import mine, other, third\n")
-    (root / "spec_compat" / "core" / "manifest.py").write_text("PATCH_IDS = ('mine', 'third')\n")
-    assert proof_key("mine", proof, patch_file, root, VERSIONS)[0] == key
-    patch_file.write_text(patch_file.read_text().replace("X = 1", "X = 2"))
-    assert proof_key("mine", proof, patch_file, root, VERSIONS)[0] != key
-

@@ -13,7 +13,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 
-from spec_compat.core.tested import read_block, render_fault_figures_md, render_figures_md, replace_block
+from matrix_cells import load_records  # noqa: E402
+
+_records = load_records()
+read_block, render_fault_figures_md = _records.read_block, _records.render_fault_figures_md
+render_figures_md, replace_block = _records.render_figures_md, _records.replace_block
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

@@ -5,8 +5,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from spec_compat.core import tested
-from spec_compat.core.tested import TESTED_CELLS, check_outcomes, condense, load_cells, render_results_md
+import sys
+
+from spec_compat.cli import tested_cells as tested
+from spec_compat.cli.tested_cells import TESTED_CELLS, load_cells
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+from matrix_cells import load_records  # noqa: E402
+
+check_outcomes, condense, render_results_md = (getattr(load_records(), n) for n in
+                                               ("check_outcomes", "condense", "render_results_md"))
 
 ROOT = Path(__file__).resolve().parents[2]
 V16 = {"speculators": "0.3.0", "vllm": "0.16.0", "transformers": "4.57.6", "torch": "2.10.0"}

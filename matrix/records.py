@@ -1,16 +1,21 @@
 """Recording the matrix: per-cell results condensed into what ships, and the generated tables.
 
 Used by ``matrix/record`` (and the unit tests that keep the generated files fresh); the package
-reads only the condensed ``spec_compat/data/tested_cells.json`` (``spec_compat/cli/tested_cells.py``).
+reads only the condensed ``spec_compat/data/tested_cells.json`` (``spec_compat/cli/tested_cells.py``,
+``spec_compat/cli/proof_status.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 #: the distributions that identify a cell (as ``spec_compat.cli.tested_cells.KEYS``)
 KEYS = ("speculators", "vllm", "transformers", "torch")
+#: ``matrix/record --proofs`` keeps each cell's passed proofs here (``CELL.json``, keyed by test node id)
+PROOFS_DIR = Path(__file__).resolve().parent / "results" / "proofs"
 
 
 #: key check -> predicate on a test id ("tests/engine/test_x.py::test_y[param]")
@@ -49,15 +54,36 @@ def _checks(result: Mapping[str, Any]) -> dict[str, str]:
     return check_outcomes(tests) if tests else dict(result.get("checks", {}))
 
 
-def condense(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """``tested_cells.json`` from the per-cell result files."""
+def load_proof_records(directory: Path = PROOFS_DIR) -> list[dict[str, Any]]:
+    """Every cell's recorded proof passes (``matrix/results/proofs/*.json``)."""
+    return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]
+
+
+def condense_proofs(proof_records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, list[str]]]:
+    """Per patch id, per proof test (``file::function``), the cells where that proof has a recorded
+    pass (a cell's record holds passes only: a failed proof's entry is dropped)."""
+    found: dict[str, dict[str, set[str]]] = {}
+    for rec in proof_records:
+        cell = rec.get("cell")
+        for node, entry in (rec.get("proofs") or {}).items():
+            pid = entry.get("pid") if isinstance(entry, Mapping) else None
+            if cell and pid:
+                found.setdefault(pid, {}).setdefault(node.split("[", 1)[0], set()).add(cell)
+    return {pid: {test: sorted(cells) for test, cells in sorted(tests.items())} for pid, tests in sorted(found.items())}
+
+
+def condense(results: Sequence[Mapping[str, Any]],
+             proof_records: Iterable[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """``tested_cells.json`` from the per-cell result files and the proof records (default: those
+    under :data:`PROOFS_DIR`)."""
     cells = []
     for r in sorted(results, key=lambda r: r["cell"]):
         cells.append({"cell": r["cell"], "versions": {k: r["versions"].get(k) for k in KEYS},
                       "last_green": r.get("last_green"), "green": r.get("green", False),
                       "commit": r.get("commit"), "last_green_commit": r.get("last_green_commit"),
                       "checks": _checks(r), "patches": r.get("patches", {})})
-    return {"cells": cells}
+    proofs = condense_proofs(load_proof_records() if proof_records is None else proof_records)
+    return {"cells": cells, "proofs": proofs}
 
 
 def render_results_md(results: Sequence[Mapping[str, Any]]) -> str:

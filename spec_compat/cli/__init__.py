@@ -30,37 +30,6 @@ from .run import cmd_run
 from .selftest import cmd_selftest
 
 
-#: target modules that only a vLLM server process or speculators' trainer imports (vLLM >= 0.28's
-#: hidden-states connector, the completions endpoint, the GPU runner the CPU runner inherits from,
-#: the EAGLE-3 draft's modules, what a remote-code tokenizer imports, the trainer's fused losses):
-#: ``report`` imports them too, after ``report.EXTRACTION_MODULES`` (kept apart because report.py
-#: is an input of every recorded proof key; to be merged when the proofs are next re-recorded)
-SERVER_MODULES = ("vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
-                  "vllm.transformers_utils.configs.speculators.algos",
-                  "vllm.model_executor.models.llama_eagle3",
-                  "transformers.models.gpt2.tokenization_gpt2",
-                  "vllm.entrypoints.openai.completion.serving",
-                  "vllm.entrypoints.openai.chat_completion.api_router",
-                  "vllm.v1.worker.gpu_model_runner",
-                  "speculators.losses.fused")
-_REPORT_DATA = report_data
-
-
-def _cmd_report(args: argparse.Namespace) -> int:
-    from .. import REGISTRY, Status, apply
-    from . import report as report_cli
-    from .console import stdout_to_stderr
-
-    if report_cli.report_data is _REPORT_DATA:  # (a test's stand-in report reads no registry)
-        with stdout_to_stderr():
-            apply()
-            pending = [m for m in SERVER_MODULES if any(
-                p.target_module == m and REGISTRY.status(p.id) is Status.PENDING for p in REGISTRY.patches())]
-            if pending:
-                REGISTRY.resolve_pending(pending)
-    return cmd_report(args)
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="spec-compat",
@@ -75,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", help="installed versions and the status of every patch")
     r.add_argument("--json", action="store_true", help="machine-readable output")
     r.add_argument("--strict", action="store_true", help="exit 1 if any patch is target-changed or failed")
-    r.set_defaults(func=_cmd_report)
+    r.set_defaults(func=cmd_report)
 
     pt = sub.add_parser("patches", help="list the registered patches (nothing is imported or applied)")
     pt.add_argument("--markdown", action="store_true", help="print the README table")

@@ -17,31 +17,13 @@ from .console import stdout_to_stderr
 
 log = logging.getLogger("spec_compat")
 
-#: modules a speculators extraction process imports: importing them resolves `pending`
-EXTRACTION_MODULES = (
-    "speculators.data_generation.vllm_hidden_states_generator",
-    "speculators.data_generation.custom_worker",
-    "vllm.platforms.cpu",
-    "vllm.v1.attention.backends.cpu_attn",
-    "vllm.model_executor.models.kimi_k25",
-    # data preparation and training
-    "speculators.data_generation.preprocessing",
-    "speculators.data_generation.config_generator",
-    "transformers.configuration_utils",
-    "speculators.config",
-    "transformers.models.auto.configuration_auto",
-    "speculators.models.eagle3.core",
-    "speculators.models.eagle3.attention",
-    "speculators.train.utils",
-    "speculators.train.checkpointer",
-    "speculators.train.trainer",
-    # serving (evaluate)
-    "vllm.config.speculative",
-    "vllm.v1.worker.cpu_model_runner",
-    "vllm.v1.sample.rejection_sampler",
-    "vllm.v1.spec_decode.eagle",
-    "vllm.model_executor.models.deepseek_v2",
-)
+def report_modules() -> tuple[str, ...]:
+    """The modules ``report`` imports to resolve ``pending`` patches: every target module of the
+    manifest (generated from the declarations by ``tools/regenerate``), so a patch with a new target
+    module needs no list here."""
+    from ..core.manifest import TARGET_MODULES
+
+    return TARGET_MODULES
 
 
 def _platform_info() -> dict[str, Any]:
@@ -65,7 +47,8 @@ def _platform_info() -> dict[str, Any]:
 def report_data() -> dict[str, Any]:
     apply()
     REGISTRY.resolve_pending(
-        [m for m in EXTRACTION_MODULES if any(p.target_module == m for p in REGISTRY.patches())]
+        [m for m in report_modules() if any(p.target_module == m and REGISTRY.status(p.id) is Status.PENDING
+                                            for p in REGISTRY.patches())]
     )
     plat = _platform_info()
     notes = []
@@ -77,6 +60,7 @@ def report_data() -> dict[str, Any]:
             f"VLLM_MLA_DISABLE is {os.environ.get('VLLM_MLA_DISABLE', 'unset')} here"
         )
     from ..core.versions import release_of
+    from .proof_status import load_proof_records, proof_status
     from .tested_cells import tested_status
 
     versions = installed_versions()
@@ -90,6 +74,9 @@ def report_data() -> dict[str, Any]:
                 + f"): versions are decided on {info['distribution']} {versions[name]}"
             )
     patches = [r.as_dict() for r in REGISTRY.records()]
+    proofs = load_proof_records()
+    for p in patches:  # whether the patch's proof of need has a recorded pass in some matrix cell
+        p["proof"] = proof_status(REGISTRY.get(p["id"]).proof, proofs.get(p["id"]))
     tested = tested_status(versions, patches)
     if not tested["tested"]:
         log.warning("spec_compat: %s", tested["message"])
@@ -128,6 +115,11 @@ def report_text(data: dict[str, Any]) -> str:
                  f"{plat['machine']}, cuda available: {plat.get('cuda_available')})")
     tested = data["tested"]
     lines.append(f"  {'matrix':<13} {'' if tested['tested'] else 'WARNING: '}{tested['message']}")
+    from .proof_status import unproven
+
+    hardware = unproven({p["id"]: p.get("proof") for p in data["patches"]})
+    if hardware:
+        lines.append(f"  {'proofs':<13} unproven (hardware proof, no recorded pass): {', '.join(hardware)}")
     lines.append("")
     width = max(len(p["id"]) for p in data["patches"])
     for p in data["patches"]:
@@ -147,11 +139,16 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def patch_table() -> str:
-    """Markdown table of every registered patch (kept in README.md by a test)."""
+    """Markdown table of every registered patch (docs/patches.md, kept by a test); a patch whose
+    hardware proof of need has no recorded pass (the shipped records) is marked unproven."""
+    from .proof_status import proof_statuses, unproven
+
+    marked = set(unproven(proof_statuses(REGISTRY.patches())))
     rows = ["| id | fixes | needed when | side | what it does |", "|---|---|---|---|---|"]
     for p in REGISTRY.patches():
         ranges = " or ".join(", ".join(f"{d} `{s}`" for d, s in c.items()) for c in p.alternatives()) or "always"
-        rows.append(f"| `{p.id}` | {', '.join(p.fixes)} | {ranges} | {p.side} | {p.summary} |")
+        mark = "**unproven** (hardware proof, no recorded pass): " if p.id in marked else ""
+        rows.append(f"| `{p.id}` | {', '.join(p.fixes)} | {ranges} | {p.side} | {mark}{p.summary} |")
     return "\n".join(rows)
 
 

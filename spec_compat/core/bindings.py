@@ -155,6 +155,7 @@ def wrap_method(changes: Changes, module: ModuleType, name: str, method: str,
     # binding was replaced, and the rollback must still restore it
     changes.on_undo(lambda: b.remove(changes.patch_id))
     b.add_method(method, changes.patch_id, wrapper)
+    changes.touch(b, method)  # one wrapper chain: its order is the patches' declared order
 
 
 def original(module: ModuleType, name: str) -> Any:

@@ -20,10 +20,18 @@ class Changes:
     def __init__(self, patch_id: str) -> None:
         self.patch_id = patch_id
         self._undo: list[Callable[[], None]] = []
+        #: (object, attribute) pairs this installation replaced or wrapped: the registry refuses a
+        #: second patch on one of them unless its order is declared (``Patch.after``)
+        self.touched: list[tuple[Any, str]] = []
+
+    def touch(self, obj: Any, name: str) -> None:
+        """Note that ``obj.name`` is replaced or wrapped by this installation (setattr and wrap do)."""
+        self.touched.append((obj, name))
 
     def setattr(self, obj: Any, name: str, value: Any) -> None:
         old = obj.__dict__.get(name, _MISSING) if hasattr(obj, "__dict__") else getattr(obj, name, _MISSING)
         setattr(obj, name, value)
+        self.touch(obj, name)
 
         def restore() -> None:
             # compare the raw attribute too: a descriptor stored on a class

@@ -230,5 +230,6 @@ def test_lost_rows_raise_instead_of_passing_silently(llama_dir, selftest, prove,
     assert line.startswith("FAIL") and f"RowCountError: spec_compat[{pid}]" in line and "lost rows" in line, line
     proof.assert_absent(guarded.stdout)
     silent = selftest(llama_dir, "chunked-8x2000", disable=proof.disable)
-    line = proof.assert_symptom(silent.stdout)
+    verdict = next((ln for ln in silent.stdout.splitlines() if "chunked-8x2000" in ln), "")
+    line = proof.assert_symptom(verdict, report=True)  # the check's verdict line
     assert line.startswith("FAIL") and "Error" not in line, line

@@ -72,6 +72,33 @@ def test_all_shims_on_passes(patched_selftest):
     assert "selftest: OK" in proc.stdout
 
 
+def _patched_runs() -> list[tuple[str, str]]:
+    """The (fixture, switched-off ids) of the proofs' patched runs, less the one
+    test_all_shims_on_passes runs (Llama, full registry)."""
+    runs = []
+    for pid in proof_cases("test_fails_with_only_this_shim_disabled"):
+        proof = REGISTRY.get(pid).proof
+        run = (proof.using.split()[0], ",".join(proof.also_off))
+        if run != ("llama", "") and run not in runs:
+            runs.append(run)
+    return sorted(runs)
+
+
+@pytest.mark.parametrize("fixture,disable", _patched_runs(), ids=lambda v: v or "full-registry")
+def test_patched_selftest_passes(patched_selftest, fixture, disable):
+    """The patched half of the proofs below, an ordinary test: CI runs it on every change (the stock
+    halves re-run only when their inputs change).  Every value check of the selftest passes on the
+    workloads those proofs use, where one of them is needed here."""
+    pids = [pid for pid in proof_cases("test_fails_with_only_this_shim_disabled")
+            if (REGISTRY.get(pid).proof.using.split()[0], ",".join(REGISTRY.get(pid).proof.also_off)) == (fixture, disable)
+            and pid in _needed_here(disabled=REGISTRY.get(pid).proof.also_off)]
+    if not pids:
+        pytest.skip(f"no proof on {fixture} with {disable or 'nothing'} off is needed in this environment")
+    proc = patched_selftest(fixture, disable)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "selftest: OK" in proc.stdout and "FAIL" not in proc.stdout, proc.stdout
+
+
 @pytest.mark.parametrize("pid", proof_cases("test_fails_with_only_this_shim_disabled"))
 def test_fails_with_only_this_shim_disabled(fixture_dir, selftest, patched_selftest, prove, pid):
     """The patch's declared symptom shows in stock extraction with only it switched off (and the
@@ -88,13 +115,21 @@ def test_fails_with_only_this_shim_disabled(fixture_dir, selftest, patched_selft
     off = selftest(fixture_dir(model), checks, disable=proof.disable)
     print(off.stdout)
     assert off.returncode != 0, f"selftest passed with {pid} disabled:\n{off.stdout}"
-    proof.assert_symptom(off.stdout + off.stderr)  # the traceback is on stderr
+    if proof.proof.kind == "wrong-values":  # a value check: its verdict is the check's FAIL line
+        proof.assert_symptom(_fail_lines(off.stdout), report=True)
+    else:  # the exception the check died of: the traceback on stderr (a worker's, where the driver relays it)
+        proof.assert_symptom(off.stdout + off.stderr)
     if pid == "rows-by-request-id":
         # without the driver half nobody reads a hand-off descriptor: the worker must not write one
         assert live_segments() - segments_before == set(), "capture segments left in /dev/shm"
     on = patched_selftest(model, proof.baseline)
     assert on.returncode == 0, on.stdout + on.stderr[-3000:]
     proof.assert_absent(on.stdout + on.stderr)
+
+
+def _fail_lines(stdout: str) -> str:
+    """The selftest's verdicts of the checks that failed (``FAIL <check>: <detail>``)."""
+    return "\n".join(ln for ln in stdout.splitlines() if ln.startswith("FAIL "))
 
 
 def test_f10_is_silent_without_both_halves(llama_dir, selftest):
@@ -138,6 +173,6 @@ def test_async_scheduling_off_reaches_the_config(prove, pid):
                               timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         out[disable] = proc.stdout
-    proof.assert_symptom(out[pid])
-    proof.assert_absent(out[""])
+    proof.assert_symptom(out[pid], report=True)  # the probe's one line
+    proof.assert_absent(out[""], report=True)
     assert "ASYNC False" in out[""], out

@@ -69,16 +69,18 @@ def test_extraction_fails_with_only_this_patch_disabled(fixture_model, serve, tm
     proof = prove(pid)
     stock = serve(serve_args(model, tmp_path / "stock", LAYER_IDS), env={"SPEC_COMPAT_DISABLE": proof.disable})
     stock.wait_ready()
+    since = len(stock.log.read_text(errors="replace"))  # the stock request's error is the first after this
     status, body = _one_request(stock, model, ids)
     path = (body.get("kv_transfer_params") or {}).get("hidden_states_path")
     assert status != 200 or not (path and _written(path)), f"extraction worked with {pid} disabled: {body}"
     # the write is handed to the connector's worker-side thread: the request may answer 200 before
     # that thread fails, so the symptom can reach the log after the response (wait, then stop)
     deadline = time.monotonic() + 60
-    while find_symptom(proof.proof, stock.log.read_text(errors="replace")) is None and time.monotonic() < deadline:
+    while (find_symptom(proof.proof, stock.log.read_text(errors="replace"), since=since) is None
+           and time.monotonic() < deadline):
         time.sleep(0.5)
     stock.stop()
-    proof.assert_symptom(stock.log.read_text(errors="replace"))
+    proof.assert_symptom(stock.log.read_text(errors="replace"), since=since)
 
     patched = serve(serve_args(model, tmp_path / "patched", LAYER_IDS), env={"SPEC_COMPAT_DISABLE": proof.baseline})
     patched.wait_ready()

@@ -233,7 +233,7 @@ def test_without_the_patch_every_chat_row_is_skipped(fixture_model, serve, clien
     tok = _tokenizer(model, False)
     proof = prove(pid)
     conv = json.dumps(CONVERSATIONS[0])
-    outputs = []
+    outputs, verdicts = [], []
     for disable in (proof.disable, proof.baseline):
         server = serve(serve_args(model, tmp_path / f"storage-{len(outputs)}", LAYER_IDS),
                        env={"SPEC_COMPAT_DISABLE": disable})
@@ -242,6 +242,7 @@ def test_without_the_patch_every_chat_row_is_skipped(fixture_model, serve, clien
                               timeout=300)
         server.stop()
         outputs.append(proc.stdout + proc.stderr)
-    proof.assert_symptom(outputs[0])
+        verdicts.append((proc.stdout.strip().splitlines() or [""])[-1])  # the client's one line: ids or error
+    proof.assert_symptom(verdicts[0], report=True)
     proof.assert_absent(outputs[1])
     assert f"token_ids {_render(tok, CONVERSATIONS[0], False)}" in outputs[1], outputs[1][-2000:]

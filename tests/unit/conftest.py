@@ -121,7 +121,7 @@ def set_attr_install() -> Callable[[str, Any], Callable[[types.ModuleType, Chang
 
 @pytest.fixture
 def make_patch(registry: Registry) -> Callable[..., type[Patch]]:
-    """``make_patch(target, install=..., check=..., requires=..., pid=...)``: a Patch
+    """``make_patch(target, install=..., check=..., requires=..., pid=..., after=...)``: a Patch
     subclass registered on the test's fresh registry; ``cls.calls`` lists the
     modules ``install`` was called with."""
 
@@ -130,6 +130,7 @@ def make_patch(registry: Registry) -> Callable[..., type[Patch]]:
              check: Callable[[types.ModuleType], None] | None = None,
              requires: Mapping[str, str] | None = None,
              summary: str = "fake patch summary",
+             after: tuple[str, ...] = (),
              reg: Registry | None = None) -> type[Patch]:
         calls: list[types.ModuleType] = []
 
@@ -152,6 +153,7 @@ def make_patch(registry: Registry) -> Callable[..., type[Patch]]:
             "check": _check,
             "install": _install,
             "calls": calls,
+            "after": tuple(after),
         })
         (reg if reg is not None else registry).register(cls)
         return cls

@@ -254,10 +254,10 @@ def test_wrap_method_missing_method_rolls_back_through_registry(registry, fake_m
 
 def test_wrap_method_through_registry_revert(registry, fake_module, make_patch):
     mod = fake_module(Scheduler=Scheduler)
-    make_patch(f"{mod.__name__}:Scheduler",
-               install=lambda m, ch: bindings.wrap_method(ch, m, "Scheduler", "step",
-                                                          lambda w, i, a, k: w(*a, **k) + "!"))
-    make_patch(f"{mod.__name__}:Scheduler",
+    first = make_patch(f"{mod.__name__}:Scheduler",
+                       install=lambda m, ch: bindings.wrap_method(ch, m, "Scheduler", "step",
+                                                                  lambda w, i, a, k: w(*a, **k) + "!"))
+    make_patch(f"{mod.__name__}:Scheduler", after=(first.id,),  # one wrapper chain: the order is declared
                install=lambda m, ch: bindings.wrap_method(ch, m, "Scheduler", "step",
                                                           lambda w, i, a, k: w(*a, **k) + "?"))
     registry.apply(environ={})

@@ -7,7 +7,7 @@ from types import ModuleType
 from typing import Any
 
 from ...core import switches
-from ...core.proof import Proof
+from ...core.proof import Claim, Proof
 from ...core.registry import Changes, NotNeeded, Patch, TargetChanged, register
 from .generator_target import GENERATOR, check_generate_params, generator_source
 from ..ranges import SPEC_03
@@ -22,6 +22,7 @@ class GeneratorInputChecks(Patch):
     values are counted per result and layer (``SPEC_COMPAT_NONFINITE``: raise, or warn)."""
 
     id = "generator-input-checks"
+    after = ("generate-in-fitting-batches",)
     proof = Proof("guard", "tests/engine/test_generator_inputs.py::test_lost_rows_raise_instead_of_passing_silently", r"FAIL chunked-8x2000: sequence \d+ layer \d+: (?:shape engine \[\d+, \d+\] != reference \[\d+, \d+\]|max\|diff\|=\S+ > tolerance)", also_off=("keep-unfinished-prefill", "capture-per-request", "rows-by-request-id"))
     summary = ("generate() inputs checked before the engine (empty, non-int, out-of-vocabulary ids), "
                "truncation logged with counts, every result's rows counted, NaN/inf captured values "
@@ -65,10 +66,18 @@ class GeneratorInputChecks(Patch):
 class DriverTorchThreads(Patch):
     """speculators 0.3.0 (generator:283) clones every captured row in the driver with torch's
     intra-op pool on the cores vLLM's CPU worker computes on: on vLLM 0.16 (Llama fixture, 2 cores)
-    those copies took ten times as long as alone; extraction ran at 0.84-0.89 of plain prefill."""
+    those copies took ten times as long as alone (a cProfile of the driver, benchmarks/RESULTS.md);
+    extraction ran at 0.84-0.89 of plain prefill per round, and faster with this patch in the same
+    interleaved rounds (benchmarks/results/capture_overhead_llama_driver_threads.json: there
+    ``capture-threads-kept`` is the run without it)."""
 
     id = "driver-torch-threads"
-    proof = Proof("optimization", "tests/engine/test_handoff_engine.py::test_handoff_rows_equal_the_pickled_path", benchmark="benchmarks/results/capture_overhead_llama_driver_threads_4rounds.json")
+    after = ("generator-input-checks",)
+    proof = Proof("optimization", "tests/engine/test_handoff_engine.py::test_handoff_rows_equal_the_pickled_path", benchmark="benchmarks/results/capture_overhead_llama_driver_threads.json", claims=(
+        Claim("without the patch / plain prefill, extraction tok/s (medians, 3 rounds x 10 cycles)",
+              "summary.capture-threads-kept.median", "summary.plain.median", at_least=0.84, at_most=0.89),
+        Claim("with / without the patch, extraction tok/s (medians, same interleaved cycles)",
+              "summary.capture.median", "summary.capture-threads-kept.median", at_least=1.0)))
     summary = ("CPU platform: generate() runs with SPEC_COMPAT_DRIVER_THREADS (default 1) torch threads "
                "in the driver; the caller's count is restored after each call")
     upstream = ("speculators 0.3.0 generator:283 per-sequence clone() in the driver, split over torch's "

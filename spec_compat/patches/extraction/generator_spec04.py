@@ -20,7 +20,7 @@ class MemGetInfoFromPlatform(Patch):
     With an accelerator nothing changes."""
 
     id = "mem-get-info-from-platform"
-    proof = Proof("fails", SELFTEST, r"FAIL engine-start: RuntimeError: Found no NVIDIA driver on your system", using="llama short")
+    proof = Proof("fails", SELFTEST, r"free_memory, _ = mem_get_info\(\).*\n(?:  .*\n)*RuntimeError: Found no NVIDIA driver on your system", using="llama short")
     summary = "KV cache budget from the vLLM platform when torch sees no accelerator (0.4.x; else unchanged)"
     upstream = "speculators 0.4.x utils/util.py mem_get_info -> (0, 0) without an accelerator -> no KV blocks"
     fixes = ("F2",)
@@ -90,6 +90,7 @@ class GenerateInFittingBatches(Patch):
     states', and a call over the KV budget raises as well."""
 
     id = "generate-in-fitting-batches"
+    after = ("results-in-input-order",)
     proof = Proof("fails", SELFTEST, r"RuntimeError: Request req_0_32 not found in captured states", using="llama batch-43-shared-prefixes")
     summary = "generate() splits a call into sub-calls within max_num_seqs and the KV-cache budget"
     upstream = "speculators 0.4.0.1 generator:279 loop keeps all requests alive -> >32 sequences or over-budget raises"

@@ -107,7 +107,7 @@ class ExtractHiddenStatesCapture(Patch):
     ``models/extract_hidden_states.py``) and no aux states for id 0, id N or DeepSeek/Kimi."""
 
     id = "ehs-capture"
-    proof = Proof("fails", SERVER_PROOF, r"no hidden-state store in this worker")
+    proof = Proof("fails", SERVER_PROOF, r"RuntimeError: spec_compat\[ehs-capture\]: no hidden-state store in this worker")
     summary = ("extract_hidden_states rows: hooks on the decoder stack write ids 0..N (input of layer i; "
                "N = last layer's output before the norm) at each token's KV slot, TP rank 0")
     upstream = "vLLM <=0.16 has no extract_hidden_states model/proposer (0.17 models/extract_hidden_states.py)"

@@ -111,7 +111,7 @@ class ExtractHiddenStatesConfig(Patch):
     ExampleHiddenStatesConnector; both arrived in vLLM 0.17 (PR #33736)."""
 
     id = "ehs-config"
-    proof = Proof("fails", SERVER_PROOF, r"validation error for SpeculativeConfig")
+    proof = Proof("fails", SERVER_PROOF, r"ValidationError: \d+ validation errors? for SpeculativeConfig\nmethod\n  Input should be [^\n]*\[type=literal_error, input_value='extract_hidden_states'")
     summary = ("--speculative-config method extract_hidden_states: layer ids checked (0..N), no drafter, "
                "eager; ExampleHiddenStatesConnector resolves to spec-compat's file writer")
     upstream = "vLLM <=0.16 config/speculative.py:45 method literal lacks extract_hidden_states (added in 0.17)"

@@ -34,7 +34,7 @@ class HiddenStatesConnectorHostCopy(Patch):
     extraction request fails 'Found no NVIDIA driver on your system' (HTTP 500)."""
 
     id = "ehs-connector-host-copy"
-    proof = Proof("fails", NATIVE_PROOF, r"Found no NVIDIA driver on your system")
+    proof = Proof("fails", NATIVE_PROOF, r"in _submit_async_write\n(?:  .*\n)*RuntimeError: Found no NVIDIA driver on your system")
     summary = ("the hidden-states connector copies a finished request's rows out of a host-memory KV "
                "cache synchronously (no CUDA event, stream or pinned memory); its writer pool and lock "
                "files are unchanged")

@@ -131,7 +131,7 @@ class CpuDraftTokenCopy(Patch):
     stream placeholders have no ``wait_stream`` and there is no current stream."""
 
     id = "cpu-draft-token-copy"
-    proof = Proof("fails", SERVING, r"in _copy_draft_token_ids_to_cpu\n(?:.*\n)*?.*RuntimeError: Found no NVIDIA driver on your system", using="llama")
+    proof = Proof("fails", SERVING, r"in _copy_draft_token_ids_to_cpu\n(?:  .*\n)*RuntimeError: Found no NVIDIA driver on your system", using="llama")
     summary = "draft token ids and valid sampled counts are copied synchronously on the CPU runner"
     upstream = "vLLM 0.15/0.16 v1/worker/gpu_model_runner.py _copy_draft_token_ids_to_cpu / _copy_valid_sampled_token_count use torch.cuda.stream"
     target = f"{CPU_RUNNER}:CPUModelRunner"
@@ -222,7 +222,7 @@ class CpuRejectionSampler(_TorchKernels):
     disabled and the first verification step raises."""
 
     id = "cpu-rejection-sampler"
-    proof = Proof("fails", SERVING, r"rejection_greedy_sample_kernel\[\(batch_size,\)\]\((?:.*\n)*?.*TypeError: .function. object is not subscriptable", using="llama")
+    proof = Proof("fails", SERVING, r"rejection_greedy_sample_kernel\[\(batch_size,\)\]\(.*\n(?:  .*\n)*TypeError: .function. object is not subscriptable", using="llama")
     summary = "rejection sampling kernels run as torch code on the CPU platform"
     upstream = "vLLM 0.15/0.16 v1/sample/rejection_sampler.py: rejection_*_kernel[grid] are Triton-only"
     target = "vllm.v1.sample.rejection_sampler:rejection_greedy_sample_kernel"
@@ -242,7 +242,7 @@ class CpuEaglePaddedBatch(_TorchKernels):
     sample); on CPU they raise after the first verification step."""
 
     id = "cpu-eagle-padded-batch"
-    proof = Proof("fails", SERVING, r"in prepare_next_token_ids_padded\n(?:.*\n)*?.*AttributeError: module .triton. has no attribute .next_power_of_2.", using="llama")
+    proof = Proof("fails", SERVING, r"in prepare_next_token_ids_padded\n(?:  .*\n)*AttributeError: module .triton. has no attribute .next_power_of_2.", using="llama")
     summary = "EAGLE's padded-batch preparation kernels run as torch code on the CPU platform"
     upstream = "vLLM 0.15/0.16 v1/spec_decode/eagle.py:922,962 eagle_prepare_*_padded_kernel[grid] are Triton-only"
     target = "vllm.v1.spec_decode.eagle:eagle_prepare_inputs_padded_kernel"

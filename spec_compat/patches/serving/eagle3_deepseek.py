@@ -32,7 +32,7 @@ class Eagle3DeepseekAllowList(Patch):
     refused ("Eagle3 is only supported for ...") before anything loads."""
 
     id = "eagle3-deepseek-allow-list"
-    proof = Proof("fails", SERVING, r"Eagle3 is only supported for \[.*\] models\. Got self\.target_model_config\.hf_text_config\.model_type='deepseek_v3'", using="deepseek-v3")
+    proof = Proof("fails", SERVING, r"ValidationError: \d+ validation errors? for SpeculativeConfig\n  Value error, Eagle3 is only supported for \[.*\] models\. Got self\.target_model_config\.hf_text_config\.model_type='deepseek_v3'", using="deepseek-v3")
     summary = "the speculative config accepts EAGLE-3 for deepseek_v2/v3 and kimi_k2/k25 targets"
     upstream = "vLLM <=0.16 config/speculative.py:689 eagle3_target_supported excludes deepseek_v3 (S1)"
     fixes = ("S1",)

@@ -26,6 +26,7 @@ class TargetsAfterFinalNorm(Patch):
     (frozen, not saved) and applied to ``verifier_last_hidden_states`` first."""
 
     id = "targets-after-final-norm"
+    after = ("draft-eager-without-cuda",)
     proof = Proof("wrong-values", "tests/engine/test_training.py::test_targets_use_the_final_norm", r"targets equal verifier_lm_head\(last layer\) without the final norm")
     fixes = ("O7",)
     summary = ("training targets come from the verifier's final-norm output: its norm weight is loaded with the "

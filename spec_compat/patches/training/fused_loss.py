@@ -26,7 +26,7 @@ class FusedLossOwnAutotuneLists(Patch):
 
     id = "fused-loss-own-autotune-lists"
     proof = Proof("hardware", "tests/gpu/test_fused_loss.py::test_compiled_fused_loss_fails_without_the_patch",
-                  r"is already tracked for mutation")
+                  r"ListVariable\(length=\d+\) is already tracked for mutation")
     summary = ("the fused loss's backward Triton autotuner gets its own configs/keys lists (shared with the "
                "forward one by a single triton.autotune decorator, which Dynamo refuses to trace)")
     upstream = ("speculators 0.9.0 losses/fused.py:128 shares one triton.autotune object between "

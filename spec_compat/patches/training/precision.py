@@ -8,7 +8,7 @@ import logging
 from types import ModuleType
 from typing import Any
 
-from ...core.proof import Proof, MEASURED
+from ...core.proof import Claim, Proof, MEASURED
 from ...core.registry import Changes, Patch, TargetChanged, register
 from ...shims.swap import swapped
 from ...shims.training_views import TorchFusedAdamWView
@@ -22,7 +22,8 @@ def _bf16_inputs(trainer: Any, model: Any, device: Any) -> None:
     """What autocast would cast on every step, cast once or on the host (same values): the frozen
     ``verifier_lm_head`` weight (no gradient, not saved, used by an autocast matmul only) in bf16;
     the loaders' ``hidden_states`` collated in bf16 and every batch copied to the device on a side
-    stream one step ahead (measured on an H200 at T=4096: c/b 0.93 -> 0.99, benchmarks/RESULTS.md)."""
+    stream one step ahead (measured on an H200 at T=4096, pure-bf16 / patched step time: 0.93 before,
+    benchmarks/results/h200-train-step-profile.json; 0.99 with them, h200-train-step-run5-prefetch.json)."""
     import torch
 
     from ...shims.batches import Bf16Features, DevicePrefetch
@@ -41,14 +42,26 @@ def _bf16_inputs(trainer: Any, model: Any, device: Any) -> None:
 
 @register
 class SingleDeviceBf16(Patch):
-    """speculators' single-device path (train.py without torchrun) never casts model or data:
-    it trains in fp32 (measured on an H200 at Kimi-K2.5 draft dims: 1258 ms/step vs 87.5 ms in
-    bf16).  The FSDP path computes in bf16 with fp32 master weights; single CUDA-device runs
-    get the same policy through bf16 autocast around the draft's forward, with the features
-    collated in bf16 and each batch copied to the GPU one step ahead."""
+    """speculators' single-device path (train.py without torchrun) never casts model or data: it
+    trains in fp32 (H200, Kimi-K2.5 draft dims, T=2048: 1267.9 ms/step vs 116.3 ms with this patch's
+    first, autocast-only form, 10.9x; 17.6x at 4096; benchmarks/results/h200-train-step-run1.json).
+    The FSDP path computes in bf16 with fp32 master weights; single CUDA-device runs get the same
+    policy through bf16 autocast around the draft's forward, with the features collated in bf16 and
+    each batch copied to the GPU one step ahead."""
 
     id = "single-device-bf16"
-    proof = Proof("measured", MEASURED, benchmark="benchmarks/results/h200-train-step-run5-prefetch.json")
+    after = ("fsdp-without-cuda",)
+    proof = Proof("measured", MEASURED, benchmark="benchmarks/results/h200-train-step-run1.json", claims=(
+        Claim("stock fp32 / patched ms per step, T=2048 (the patch's autocast-only form)",
+              "results[mode=a,seq_len=2048].step_ms", "results[mode=b,seq_len=2048].step_ms", value="10.9"),
+        Claim("stock fp32 / patched ms per step, T=4096 (the patch's autocast-only form)",
+              "results[mode=a,seq_len=4096].step_ms", "results[mode=b,seq_len=4096].step_ms", value="17.6"),
+        Claim("pure bf16 / patched ms per step, T=4096, fused AdamW, before bf16 features and prefetch",
+              "segments.c.step_ms", "segments.b.step_ms", value="0.93",
+              benchmark="benchmarks/results/h200-train-step-profile.json"),
+        Claim("pure bf16 / patched ms per step, T=4096, with bf16 features and the one-step-ahead copy",
+              "results[mode=c,seq_len=4096].step_ms", "results[mode=b,seq_len=4096].step_ms", value="0.99",
+              benchmark="benchmarks/results/h200-train-step-run5-prefetch.json")))
     fixes = ("P-single",)
     summary = ("single-device CUDA training computes in bf16 (autocast) with fp32 master weights and fp32 "
                "optimizer state (AdamW as one fused kernel), like the FSDP path's MixedPrecisionPolicy, its "

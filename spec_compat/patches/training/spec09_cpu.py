@@ -35,7 +35,7 @@ class TrainLocalRankWithoutAccelerator(Patch):
     an accelerator, the trainer's local rank is 'cpu', which compares equal to rank 0."""
 
     id = "train-local-rank-without-accelerator"
-    proof = Proof("fails", SPEC09_TRAINING, r"self\.model\.to\(self\.local_rank\)(?:.*\n)*?.*RuntimeError: Found no NVIDIA driver on your system", using="llama")
+    proof = Proof("fails", SPEC09_TRAINING, r"self\.model\.to\(self\.local_rank\).*\n(?:  .*\n)*RuntimeError: Found no NVIDIA driver on your system", using="llama")
     fixes = ("T3",)
     summary = ("without an accelerator and outside torchrun, the trainer's get_local_rank() answers the device "
                "name 'cpu' that compares equal to the rank number; otherwise unchanged")
@@ -69,7 +69,7 @@ class TrainStepTimerWithoutAccelerator(Patch):
     becomes a view whose ``accelerator.synchronize()`` returns at once without an accelerator."""
 
     id = "train-step-timer-without-accelerator"
-    proof = Proof("fails", SPEC09_TRAINING, r"torch\.accelerator\.synchronize\(\)(?:.*\n)*?.*RuntimeError: Found no NVIDIA driver on your system", using="llama")
+    proof = Proof("fails", SPEC09_TRAINING, r"torch\.accelerator\.synchronize\(\).*\n(?:  .*\n)*RuntimeError: Found no NVIDIA driver on your system", using="llama")
     fixes = ("T3",)
     summary = "the trainer's step timer does not synchronize an accelerator that is not there"
     upstream = "speculators 0.9.0 train/trainer.py:80,92 _StepTimer.mark/now torch.accelerator.synchronize()"

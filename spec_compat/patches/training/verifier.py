@@ -28,7 +28,7 @@ class VerifierConfigTextModel(Patch):
     and DeepseekV3Config's ``head_dim`` is the rope size (64 heads x 64 instead of x 112)."""
 
     id = "verifier-config-text-model"
-    proof = Proof("fails", TRAINING, r"in _setup_embeddings_and_lm_heads\n(?:.*\n)*?ValueError: The repository \S+ contains custom code which must be executed to correctly load the model", using="kimi-k25")
+    proof = Proof("fails", TRAINING, r"in _setup_embeddings_and_lm_heads\n(?:  .*\n)*ValueError: The repository \S+ contains custom code which must be executed to correctly load the model", using="kimi-k25")
     fixes = ("T2",)
     summary = ("speculators' training code and stock scripts get the verifier's text-model config: remote "
                "code trusted for a path whose config.json declares it (speculators' own generator already "

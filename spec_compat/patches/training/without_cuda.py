@@ -11,7 +11,7 @@ from types import ModuleType
 from typing import Any
 
 from ...core.naming import through
-from ...core.proof import Proof, MEASURED, TRAINING
+from ...core.proof import Claim, Proof, MEASURED, TRAINING
 from ...core.registry import Changes, Patch, TargetChanged, register
 from ...shims.device import accelerator_available
 from ...shims.swap import swapped
@@ -41,7 +41,7 @@ class TrainDeviceWithoutCuda(Patch):
     accelerator.  Without one, the process trains on "cpu" (gloo process group under torchrun)."""
 
     id = "train-device-without-cuda"
-    proof = Proof("fails", TRAINING, r"d2t = torch\.from_numpy\(np\.load\(d2t_path\)\)\.to\(device\)\n(?:.*\n)*?RuntimeError: Found no NVIDIA driver on your system", using="llama")
+    proof = Proof("fails", TRAINING, r"d2t = torch\.from_numpy\(np\.load\(d2t_path\)\)\.to\(device\).*\n(?:  .*\n)*RuntimeError: Found no NVIDIA driver on your system", using="llama")
     fixes = ("T3",)
     summary = ("without an accelerator, maybe_setup_distributed returns as local rank the device name 'cpu' "
                "that compares equal to the rank number, and under torchrun starts a gloo process group; "
@@ -84,7 +84,7 @@ class CheckpointLoadWithoutCuda(Patch):
     CUDA on a CUDA build without a GPU.  Without CUDA both load to cpu (the Trainer then moves it)."""
 
     id = "checkpoint-load-without-cuda"
-    proof = Proof("fails", "tests/engine/test_training.py::test_resume_without_cuda_needs_shim", r"in load_model_state_dict\n(?:.*\n)*?RuntimeError: Found no NVIDIA driver on your system")
+    proof = Proof("fails", "tests/engine/test_training.py::test_resume_without_cuda_needs_shim", r"in load_model_state_dict\n(?:  .*\n)*RuntimeError: Found no NVIDIA driver on your system")
     fixes = ("T3",)
     summary = "without CUDA, resuming from a checkpoint loads tensors to cpu instead of cuda:0"
     upstream = ("speculators 0.3.x train/checkpointer.py SingleGPUCheckpointer 'cuda:0' (todo: generalize); "
@@ -136,7 +136,7 @@ class FsdpWithoutCuda(Patch):
     op.  Without CUDA the layers materialise on cpu and AVG is SUM / world size."""
 
     id = "fsdp-without-cuda"
-    proof = Proof("fails", "tests/engine/test_training.py::test_torchrun_two_cpu_ranks_fsdp", r'm\.to_empty\(device=(?:"cuda"|acc_type)\)(?:.*\n)*?.*RuntimeError: Found no NVIDIA driver on your system')
+    proof = Proof("fails", "tests/engine/test_training.py::test_torchrun_two_cpu_ranks_fsdp", r'm\.to_empty\(device=(?:"cuda"|acc_type)\).*\n(?:  .*\n)*RuntimeError: Found no NVIDIA driver on your system')
     fixes = ("T3",)
     summary = ("torchrun without CUDA: FSDP layers materialise on cpu instead of the hard-coded 'cuda', and "
                "metric reduction with ReduceOp.AVG runs as SUM / world size on gloo; with CUDA unchanged")
@@ -180,12 +180,14 @@ class FsdpWithoutCuda(Patch):
 class DraftEagerWithoutCuda(Patch):
     """speculators 0.3.0 core.py decorates ``Eagle3DraftModel.forward`` with ``@torch.compile``
     unconditionally (0.4.0 compiles only with CUDA): on CPU inductor compiles every new packed
-    shape (demo Llama data, one 17-step epoch: 84.4 s compiled vs 40.8 s eager, median of 2
+    shape (demo Llama data, one 17-step epoch: 84.4 s compiled vs 40.8 s eager, 2.07x, median of 2
     interleaved rounds, benchmarks/results/draft_eager_cpu.json).  Calls whose tensors are not on
     CUDA run the uncompiled forward."""
 
     id = "draft-eager-without-cuda"
-    proof = Proof("measured", MEASURED, benchmark="benchmarks/results/draft_eager_cpu.json")
+    proof = Proof("measured", MEASURED, benchmark="benchmarks/results/draft_eager_cpu.json", claims=(
+        Claim("one epoch on CPU: compiled (patch off) / eager (patch on) seconds, median of 2 rounds",
+              "seconds_per_epoch.compiled (patch off)", "seconds_per_epoch.eager (patch on)", value="2.07"),))
     fixes = ("T3",)
     summary = ("Eagle3DraftModel.forward runs uncompiled when its inputs are not on CUDA (as speculators "
                "0.4.0 does); CUDA calls keep the torch.compile'd forward")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 TESTED_CELLS = Path(__file__).parent.parent / "data" / "tested_cells.json"
-#: the installed spec_compat package's directory (a git checkout's ``spec_compat/`` or site-packages)
+#: the installed spec_compat package's directory (a git checkout's ``spec_compat/`` or an installed wheel's)
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 #: the distributions that identify a cell
 KEYS = ("speculators", "vllm", "transformers", "torch")
@@ -67,7 +67,7 @@ def installed_build(since: str | None, package_dir: Path = PACKAGE_DIR) -> dict[
     is None and ``installed_commit_note`` says why (not a git checkout, e.g. a wheel; git missing)."""
     facts = dict(NO_BUILD)
     try:
-        # the package itself must be tracked there: a venv's site-packages inside some checkout is not
+        # the package itself must be tracked there: a virtualenv that happens to sit inside a checkout is not
         if not _git(package_dir, "ls-files", "--", "__init__.py").stdout.strip():
             facts["installed_commit_note"] = "not a git checkout"
             return facts

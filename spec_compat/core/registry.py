@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from . import switches
+from . import stacking, switches
 from .changes import Changes
 from .records import NotNeeded, PatchError, Record, Status, TargetChanged
 from .versions import in_range, installed_version
@@ -38,9 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("spec_compat")
 
-
-class UndeclaredStack(RuntimeError):
-    """A patch wrapped what another applied patch had replaced, and neither declares the order."""
 
 class Patch:
     """Base class of a registered patch.  Subclasses set the class attributes and
@@ -68,10 +65,8 @@ class Patch:
     #: ids of other patches whose on/off state this one reads (:meth:`uses`), instead of
     #: parsing ``SPEC_COMPAT_DISABLE`` itself
     depends_on: ClassVar[tuple[str, ...]] = ()
-    #: ids of patches that replace or wrap an attribute this one wraps too: they are installed
-    #: first (whatever the import order of the patch modules), and this one wraps what they put in
-    #: place.  Two applied patches on one attribute with no declared order are refused (the later
-    #: one is ``failed``, rolled back): the stack's order is declared, never an accident
+    #: ids of patches installed before this one because it wraps what they put in place
+    #: (:mod:`spec_compat.core.stacking`: an undeclared stack on one attribute is refused)
     after: ClassVar[tuple[str, ...]] = ()
     #: set by :meth:`Registry.register`
     _registry: Registry | None = None
@@ -135,16 +130,13 @@ class Registry:
         self._records: dict[str, Record] = {}
         self._changes: dict[str, Changes] = {}
         self._hooked: set[tuple[int, str]] = set()
-        #: imports the modules that declare the patches (the global registry: spec_compat.patches)
-        self._declare: Callable[[], None] | None = None
+        self._declare: Callable[[], None] | None = None  # loads the patch modules (spec_compat.patches)
         #: pending patches whose version ranges are not read yet -> the disabled ids of that apply()
         self._undecided: dict[str, set[str] | frozenset[str]] = {}
         self._generation = 0
         self._warned: set[tuple[str, Status, str]] = set()  # logged once, not on every re-apply
-        #: the ids SPEC_COMPAT_DISABLE switched off at the last apply()
-        self._disabled: frozenset[str] = frozenset()
-        #: (id(object), attribute) -> (object, id of the applied patch that replaced it last)
-        self._owners: dict[tuple[int, str], tuple[Any, str]] = {}
+        self._disabled: frozenset[str] = frozenset()  # what SPEC_COMPAT_DISABLE switched off at the last apply()
+        self._owners: stacking.Owners = {}  # who replaced each touched attribute last
         self._order: list[Patch] | None = None
         self._lock = threading.RLock()
 
@@ -163,9 +155,7 @@ class Registry:
         for combo in cls.alternatives():
             for spec in combo.values():
                 check_spec(spec)
-        for other in cls.after:
-            if not switches._ID.match(other) or other == pid:
-                raise ValueError(f"patch {pid}: after = {cls.after!r} must name other patches' ids")
+        stacking.check_after(pid, cls.after)
         inst = cls()
         inst._registry = self
         self._patches[pid] = inst
@@ -173,55 +163,11 @@ class Registry:
         return cls
 
     def ordered(self) -> list[Patch]:
-        """Every patch in installation order: registration order, except that a patch comes after
-        those it declares in :attr:`Patch.after` (ids this registry does not hold are ignored)."""
+        """Every patch in installation order (:func:`stacking.install_order`)."""
         self._declared()
         if self._order is None:
-            out: list[Patch] = []
-            state: dict[str, int] = {}  # 1: being placed, 2: placed
-
-            def place(p: Patch) -> None:
-                if state.get(p.id) == 2:
-                    return
-                if state.get(p.id) == 1:
-                    raise ValueError(f"patch {p.id}: its `after` declarations form a cycle")
-                state[p.id] = 1
-                for dep in p.after:
-                    if dep in self._patches:
-                        place(self._patches[dep])
-                state[p.id] = 2
-                out.append(p)
-
-            for p in self._patches.values():
-                place(p)
-            self._order = out
+            self._order = stacking.install_order(self._patches)
         return self._order
-
-    def _before(self, pid: str) -> set[str]:
-        """The ids ``pid`` is declared to come after, transitively."""
-        seen: set[str] = set()
-        todo = list(self._patches[pid].after) if pid in self._patches else []
-        while todo:
-            dep = todo.pop()
-            if dep not in seen:
-                seen.add(dep)
-                todo.extend(self._patches[dep].after if dep in self._patches else ())
-        return seen
-
-    def _undeclared_stack(self, patch: Patch, changes: Changes) -> str | None:
-        """Why ``patch``'s installation may not stand: it replaced or wrapped an attribute an
-        applied patch had replaced, without declaring that patch in its ``after``."""
-        allowed = self._before(patch.id)
-        for obj, name in changes.touched:
-            held = self._owners.get((id(obj), name))
-            if held is None or held[0] is not obj:
-                continue
-            owner = held[1]
-            if owner != patch.id and owner in self._changes and owner not in allowed:
-                what = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or type(obj).__name__
-                return (f"it wraps {what}.{name}, which patch {owner} replaced first, without a declared order: "
-                        f"add after = ({owner!r},) to {type(patch).__name__} (or the reverse to {owner})")
-        return None
 
     def switched_on(self, pid: str) -> bool:
         """Whether ``pid`` is a declared patch not switched off by ``SPEC_COMPAT_DISABLE``
@@ -356,9 +302,7 @@ class Registry:
         changes = Changes(patch.id)
         try:
             patch.install(module, changes)
-            stack = self._undeclared_stack(patch, changes)
-            if stack is not None:
-                raise UndeclaredStack(stack)
+            stacking.refuse_undeclared(self._patches, self._owners, self._changes, patch, changes)
         except Exception as exc:
             try:
                 changes.undo()
@@ -368,8 +312,7 @@ class Registry:
             self._maybe_raise(patch, strict)
             return
         self._changes[patch.id] = changes
-        for obj, name in changes.touched:
-            self._owners[(id(obj), name)] = (obj, patch.id)
+        stacking.take_ownership(self._owners, patch.id, changes)
         self._set(patch, Status.APPLIED, patch.summary)
 
     def _maybe_raise(self, patch: Patch, strict: bool) -> None:

@@ -179,12 +179,15 @@ CELLS: dict[str, Cell] = {
             # the native anchor: vllm serve 0.32 (vLLM's own extract_hidden_states) + stock speculators
             # 0.9.0 in one env; tests/engine needs speculators' removed in-process generator
             tests=("tests/unit", "tests/future", "tests/server"),
-            in_ci=True,  # 37 s to build from the shared cache; tests/server ~3.5 min
-            # CI keeps the native patches' proofs (run when their inputs change); the native rows
-            # against the reference are the cell's recorded measurement
+            in_ci=True,  # 37 s to build from the shared cache
+            # CI starts one real server here (test_speculators_pipeline.py: stock generate-offline-data
+            # rows vs the reference, then the stock trainer on them; ~170 s) and keeps the native
+            # patches' proofs (re-run when their inputs change)
             ci_deselect=(
                 ("tests/server/test_speculators_client.py",
-                 "native vLLM 0.32 rows vs the reference (4 server starts, ~285 s): recorded by matrix/run"),
+                 "native vLLM 0.32 rows vs the reference with chunked prefill, both fixtures (2 server starts, "
+                 "~285 s): CI checks the Llama rows of stock generate-offline-data in test_speculators_pipeline; "
+                 "matrix/run records these"),
                 ("tests/server/test_render_endpoint.py",
                  "native vLLM 0.32's render answer vs the chat template (2 server starts, ~250 s): recorded by matrix/run"),
                 WALKTHROUGH_ELSEWHERE,

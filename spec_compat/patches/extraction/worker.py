@@ -69,24 +69,10 @@ class DecoderStackLocator(Patch):
         guard.has_params(guard.attr(module, "_patched_forward"), "custom_worker._patched_forward", "self", "input_ids")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        import logging
-        import types
-
-        from ...shims.decoder import find_decoder_stack
-
-        log = logging.getLogger("spec_compat")
-
-        def _setup_hidden_states_capture(self: Any, layer_ids: list[int]) -> None:
-            self._layer_ids = frozenset(layer_ids)
-            self._captured_states = None
-            stack = find_decoder_stack(self.model_runner.model, DecoderStackLocator.id)
-            stack._extension = self
-            # the module global is looked up now: a patched _patched_forward is used
-            stack.forward = types.MethodType(module._patched_forward, stack)
-            log.info("spec_compat: capture set up on %s for layers %s", type(stack).__name__, sorted(layer_ids))
+        from ...shims.worker_capture import locating_setup
 
         changes.setattr(module.HiddenStatesWorkerExtension, "_setup_hidden_states_capture",
-                        _setup_hidden_states_capture)
+                        locating_setup(module, self.id))
 
 
 @register
@@ -112,28 +98,10 @@ class CaptureLayerHooks(Patch):
                         "_setup_hidden_states_capture", "_store_captured_states")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ...shims.decoder import hook_layers
+        from ...shims.worker_capture import layer_hooks_setup
 
         ext = module.HiddenStatesWorkerExtension
-        inner = ext._setup_hidden_states_capture
-
-        def _setup_hidden_states_capture(self: Any, layer_ids: list[int]) -> Any:
-            from vllm.distributed import get_tp_group
-
-            out = inner(self, layer_ids)
-            stacks = [m for m in self.model_runner.model.modules() if m.__dict__.get("_extension") is self]
-            if len(stacks) != 1:
-                raise RuntimeError(f"spec_compat[capture-layer-hooks]: expected one capture target, found {len(stacks)}")
-            stack = stacks[0]
-            stack.__dict__.pop("forward", None)  # the model's own forward again
-            for handle in getattr(self, "_spec_compat_hooks", ()):
-                handle.remove()
-            self._spec_compat_hooks = (
-                hook_layers(self, stack, layer_ids) if get_tp_group().rank_in_group == 0 else []
-            )
-            return out
-
-        changes.setattr(ext, "_setup_hidden_states_capture", _setup_hidden_states_capture)
+        changes.setattr(ext, "_setup_hidden_states_capture", layer_hooks_setup(ext._setup_hidden_states_capture, self.id))
 
 
 @register
@@ -159,52 +127,10 @@ class CapturePerRequest(Patch):
         guard.has_attrs(guard.attr(module, "HiddenStatesWorkerExtension"), "HiddenStatesWorkerExtension", *self._METHODS)
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ...shims.capture import BY_REQUEST, PerRequestStore
+        from ...shims.worker_capture import per_request_methods
 
         ext = module.HiddenStatesWorkerExtension
-        orig_setup = ext._setup_hidden_states_capture
-        orig_reset = ext._reset_capture
-
-        def _setup_hidden_states_capture(self: Any, layer_ids: list[int]) -> Any:
-            out = orig_setup(self, layer_ids)
-            self._spec_compat_store = PerRequestStore()
-            runner = self.model_runner
-            if not getattr(runner.execute_model, "_spec_compat_step", False):
-                run = runner.execute_model
-
-                def execute_model(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-                    store = getattr(self, "_spec_compat_store", None)
-                    if store is not None:
-                        store.begin_step(scheduler_output.num_scheduled_tokens)
-                    try:
-                        return run(scheduler_output, *args, **kwargs)
-                    finally:
-                        if store is not None:
-                            store.end_step()
-
-                execute_model._spec_compat_step = True  # type: ignore[attr-defined]
-                runner.execute_model = execute_model
-            return out
-
-        def _store_captured_states(self: Any, aux_hidden_states: list[Any]) -> None:
-            batch = self.model_runner.input_batch
-            self._spec_compat_store.store(aux_hidden_states, batch.req_ids[: batch.num_reqs])
-
-        def _reset_capture(self: Any) -> Any:
-            out = orig_reset(self)
-            self._spec_compat_store = PerRequestStore()
-            return out
-
-        def _get_captured_states(self: Any) -> Any:
-            self._captured_states = None
-            store = getattr(self, "_spec_compat_store", None)
-            got = store.collect() if store is not None else None
-            return None if got is None else {BY_REQUEST: got}
-
-        for name, fn in (("_setup_hidden_states_capture", _setup_hidden_states_capture),
-                         ("_store_captured_states", _store_captured_states),
-                         ("_reset_capture", _reset_capture),
-                         ("_get_captured_states", _get_captured_states)):
+        for name, fn in per_request_methods(ext).items():
             changes.setattr(ext, name, fn)
 
 
@@ -242,98 +168,8 @@ class CaptureHandoffShm(Patch):
                         *CapturePerRequest._METHODS)
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ...shims.capture import BY_REQUEST, PerRequestStore
-        from ...shims.handoff import SegmentedCapture, unlink_segment
-
-        patch = self
-
-        def _driver_reads_descriptors() -> bool:
-            return patch.uses("rows-by-request-id")
+        from ...shims.worker_capture import handoff_methods
 
         ext = module.HiddenStatesWorkerExtension
-        orig_setup = ext._setup_hidden_states_capture
-        orig_reset = ext._reset_capture
-        orig_get = ext._get_captured_states
-
-        def _fresh_store(self: Any) -> None:
-            old = self.__dict__.get("_spec_compat_store")
-            if isinstance(old, SegmentedCapture):
-                old.discard()  # segments of an abandoned call: unlinked, not leaked
-            elif not isinstance(old, PerRequestStore):
-                return  # capture-per-request is off: rows are not keyed by request, nothing to hand over
-            if not _driver_reads_descriptors() or not _shm_usable():
-                self._spec_compat_store = PerRequestStore()  # the pickled reply, as before
-                return
-            # "shm" also for CUDA tensors: one device-to-host copy into shared memory (the driver
-            # keeps the rows on the host, as speculators does)
-            self._spec_compat_store = SegmentedCapture(mode="shm")
-
-        def _setup_hidden_states_capture(self: Any, layer_ids: list[int]) -> Any:
-            out = orig_setup(self, layer_ids)
-            _fresh_store(self)
-            return out
-
-        def _reset_capture(self: Any) -> Any:
-            out = orig_reset(self)
-            _fresh_store(self)
-            return out
-
-        def _spec_compat_reset_capture(self: Any, spares: list[str]) -> Any:
-            """``_reset_capture`` plus the driver's recycled segments for this call."""
-            out = _reset_capture(self)
-            store = self.__dict__.get("_spec_compat_store")
-            if isinstance(store, SegmentedCapture):
-                store.adopt(spares)
-            else:  # the pickled reply this call: nobody will write them
-                for name in spares:
-                    unlink_segment(name)
-            return out
-
-        def _get_captured_states(self: Any) -> Any:
-            store = self.__dict__.get("_spec_compat_store")
-            if not isinstance(store, SegmentedCapture):
-                return orig_get(self)
-            self._captured_states = None
-            descriptor = store.finish()
-            self._spec_compat_store = (SegmentedCapture(mode="shm") if _driver_reads_descriptors() and _shm_usable()
-                                       else PerRequestStore())
-            return None if descriptor is None else {BY_REQUEST: descriptor}
-
-        def _spec_compat_layer_writer(self: Any) -> Any:
-            """A writer for this forward's captured layers, one ``add`` per layer (P5:
-            no per-step list, no clone); None outside a scheduled step."""
-            store = self.__dict__.get("_spec_compat_store")
-            if not isinstance(store, SegmentedCapture):
-                return None
-            store.abort_writer()  # a forward that raised half-way committed no rows
-            batch = self.model_runner.input_batch
-            return store.forward(batch.req_ids[: batch.num_reqs])
-
-        for name, fn in (("_setup_hidden_states_capture", _setup_hidden_states_capture),
-                         ("_reset_capture", _reset_capture),
-                         ("_spec_compat_reset_capture", _spec_compat_reset_capture),
-                         ("_get_captured_states", _get_captured_states),
-                         ("_spec_compat_layer_writer", _spec_compat_layer_writer)):
+        for name, fn in handoff_methods(ext, lambda: self.uses("rows-by-request-id")).items():
             changes.setattr(ext, name, fn)
-
-
-
-#: below this much free /dev/shm the worker keeps the pickled reply (a container's 64 MB default)
-MIN_FREE_SHM = 1 << 30
-
-
-def _shm_usable() -> bool:
-    import logging
-    import os
-
-    try:
-        st = os.statvfs("/dev/shm")
-        free = st.f_bavail * st.f_frsize
-    except OSError:
-        free = 0
-    if free < MIN_FREE_SHM:
-        logging.getLogger("spec_compat").warning(
-            "spec_compat[capture-handoff-shm]: /dev/shm has %d MiB free (< %d MiB): captured rows go back "
-            "pickled, as upstream", free >> 20, MIN_FREE_SHM >> 20)
-        return False
-    return True

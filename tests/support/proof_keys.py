@@ -146,12 +146,20 @@ def traced_inputs(trace_dir: Path, keep_patches: Iterable[str]) -> tuple[set[str
     return files, envs
 
 
-def label_envs(envs: Mapping[str, dict], main_prefix: str, client_prefix: str | None) -> dict[str, dict]:
+def client_env_dir() -> str | None:
+    """The virtualenv of ``SPEC_COMPAT_CLIENT_PYTHON`` (its directory's parent: the python in it links
+    to the base interpreter, whose resolved path names another prefix), or None."""
+    client = os.environ.get("SPEC_COMPAT_CLIENT_PYTHON")
+    return os.path.realpath(Path(client).parent.parent) if client else None
+
+
+def label_envs(envs: Mapping[str, dict], main_prefix: str, client_prefix: str | None = None) -> dict[str, dict]:
     """Environment prefixes named as the cell names them: ``main`` (the pytest process's), ``client``
-    (``SPEC_COMPAT_CLIENT_PYTHON``'s), else the prefix itself."""
+    (``client_prefix`` or :func:`client_env_dir`), else the prefix itself."""
+    clients = {c for c in (client_prefix, client_env_dir()) if c}
     out: dict[str, dict] = {}
     for prefix, versions in envs.items():
-        label = "main" if prefix == main_prefix else "client" if prefix == client_prefix else prefix
+        label = "main" if prefix == main_prefix else "client" if prefix in clients else prefix
         out[label] = {d: versions.get(d) for d in KEY_DISTRIBUTIONS}
     return dict(sorted(out.items()))
 
@@ -207,6 +215,9 @@ class CurrentEnvs:
                 self._cache[label] = env_versions(client) if client else {d: "<no client env>" for d in KEY_DISTRIBUTIONS}
             else:
                 py = Path(label) / "bin" / "python"
+                here = client_env_dir()
+                if not py.is_file() and here and Path(label).name == Path(here).name:
+                    py = Path(here) / "bin" / "python"  # the same cell's client env under another envs root
                 self._cache[label] = env_versions(str(py)) if py.is_file() else {d: "<gone>" for d in KEY_DISTRIBUTIONS}
         return self._cache[label]
 

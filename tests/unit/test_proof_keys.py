@@ -167,3 +167,22 @@ def test_a_planted_change_in_a_support_file_moves_exactly_the_proofs_that_loaded
     assert moved == users[planted], (planted, sorted(moved ^ users[planted]))
     assert len(moved) < len(records)
     print(f"{planted}: {len(moved)} of {len(records)} recorded proofs move: {sorted(moved)}")
+
+
+def test_the_client_environment_is_named_whatever_its_python_links_to(tmp_path, monkeypatch):
+    """A venv's python links to the base interpreter: the client is its venv directory, and a record
+    labelled with the client env's path under another envs root (another machine's HOME) reads
+    today's client env of the same name."""
+    import proof_keys
+
+    env = tmp_path / "envs" / "cellx.client"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python").symlink_to(sys.executable)
+    monkeypatch.setenv("SPEC_COMPAT_CLIENT_PYTHON", str(env / "bin" / "python"))
+    wrong = str(Path(os.path.realpath(env / "bin" / "python")).parents[1])  # the base interpreter's prefix
+    labels = proof_keys.label_envs({os.path.realpath(env): {"torch": "1"}, "/m": {"torch": "2"}}, "/m", wrong)
+    assert set(labels) == {"client", "main"}
+    seen = []
+    monkeypatch.setattr(proof_keys, "env_versions", lambda py: seen.append(py) or {"torch": "1"})
+    assert proof_keys.CurrentEnvs().get("/elsewhere/envs/cellx.client") == {"torch": "1"}
+    assert seen == [str(Path(os.path.realpath(env)) / "bin" / "python")]

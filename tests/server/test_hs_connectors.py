@@ -11,7 +11,8 @@ Checked: each file is hs-connectors' layout (``hidden_states`` float8_e4m3fn [T,
 ``hidden_states_scales`` float32 [T, 1, 1], ``token_ids``); what the trainer's reader
 (``FP8Transfer``) returns lies within the e4m3 per-token bound of a transformers fp32 forward
 (spec_compat/verify/fp8.py derives it), every layer id; the stock trainer trains on the fp8 rows.
-On vLLM 0.15/0.16 the fp8 connector needs ``ehs-connector-module`` (its proof is here).
+On vLLM 0.15/0.16 the fp8 connector needs ``ehs-connector-module``, and speculators' own file check
+(``--validate-outputs``) needs ``fp8-payload-validation`` on fp8 payloads; both proofs are here.
 """
 
 from __future__ import annotations
@@ -113,11 +114,10 @@ def fp8_run(fixture_model, client_python, tmp_path_factory):
                                  {"VLLM_MLA_DISABLE": "1"} if trust else {})
         try:
             server.wait_ready()
-            # no --validate-outputs: speculators' check_hidden_states cannot take fp8 payloads
-            # (torch.aminmax has no Float8_e4m3fn kernel); the values are checked below
+            # --validate-outputs: speculators' check of each file (fp8 payloads: fp8-payload-validation)
             gen = _speculators(client_python, "generate-offline-data", "--endpoint", server.url + "/v1", "--model",
                                str(model), "--preprocessed-data", str(data), "--output", str(data / "hidden_states"),
-                               "--concurrency", "32", "--fail-on-error", "--max-retries", "0")
+                               "--concurrency", "32", "--validate-outputs", "--fail-on-error", "--max-retries", "0")
             assert gen.returncode == 0, (gen.stdout[-3000:], gen.stderr[-3000:], server.tail())
         finally:
             server.stop()
@@ -217,3 +217,86 @@ def test_fp8_backend_fails_with_only_this_patch_disabled(fixture_model, client_p
     patched = serve(serve_args(model, kv, False), env={"SPEC_COMPAT_DISABLE": proof.baseline})
     patched.wait_ready()
     proof.assert_absent(patched.tail(20000))
+
+
+#: speculators' own check of one file, in the client environment (the stock call of --validate-outputs)
+_VALIDATE = r"""
+import json, sys
+import spec_compat
+import torch
+from safetensors.torch import load_file
+from speculators.data_generation.offline import check_hidden_states
+data = load_file(sys.argv[1])
+if sys.argv[2] == "nan-scale":  # a broken payload must still fail the check
+    data["hidden_states_scales"][1] = float("nan")
+check_hidden_states(data, data["token_ids"].tolist())
+print("SPEC_COMPAT_RESULT checked")
+"""
+
+
+def _validate(client_python: str, path: Path, variant: str, disable: str) -> subprocess.CompletedProcess:
+    env = dict(_client_env(), SPEC_COMPAT_DISABLE=disable)
+    return subprocess.run([client_python, "-c", _VALIDATE, str(path), variant], capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+@pytest.mark.parametrize("pid", proof_cases("test_fp8_validation_fails_with_only_this_patch_disabled"))
+def test_fp8_validation_fails_with_only_this_patch_disabled(fp8_run, client_python, prove, pid):
+    """Stock: speculators' check_hidden_states (what --validate-outputs runs on every file) raises
+    on an fp8 file hs-connectors' connector wrote through this server."""
+    proof = prove(pid)
+    path = fp8_run("llama")["data"] / "hidden_states" / "hs_0.safetensors"
+    stock = _validate(client_python, path, "as-written", proof.disable)
+    assert stock.returncode != 0, stock.stdout[-2000:]
+    proof.assert_symptom(stock.stderr)
+    patched = _validate(client_python, path, "as-written", proof.baseline)
+    assert patched.returncode == 0 and "SPEC_COMPAT_RESULT checked" in patched.stdout, patched.stderr[-3000:]
+    proof.assert_absent(patched.stderr)
+    broken = _validate(client_python, path, "nan-scale", proof.baseline)
+    assert broken.returncode != 0 and "non-finite" in broken.stderr, broken.stderr[-3000:]
+
+
+#: ehs-config's check of a --kv-transfer-config, in a server process (spec_compat applied)
+_CHECK = r"""
+import json, sys
+import spec_compat
+from types import SimpleNamespace
+from spec_compat.patches.hidden_states.config import check_connector
+kv = json.loads(sys.argv[1])
+try:
+    check_connector(SimpleNamespace(kv_connector=kv.get("kv_connector"),
+                                    kv_connector_module_path=kv.get("kv_connector_module_path")))
+    print("SPEC_COMPAT_RESULT accepted")
+except ValueError as exc:
+    print("SPEC_COMPAT_RESULT refused: " + str(exc))
+"""
+
+
+def test_unsupported_backends_are_refused_naming_what_to_use(client_python, tmp_path):
+    """Before any weights load: hs-connectors' mooncake connector (built on vLLM >= 0.17's KV-cache
+    internals) is refused with a message that names the backends that work; a connector that is no
+    subclass of ExampleHiddenStatesConnector is refused naming its bases; fp8 and file are accepted."""
+    from spec_compat.core.versions import in_range, installed_version
+    from spec_compat.patches.hidden_states import VLLM_WITHOUT_EHS
+
+    if not in_range(installed_version("vllm"), VLLM_WITHOUT_EHS):
+        pytest.skip("vLLM >= 0.17 has its own connector check")
+    configs = {
+        "mooncake": {"kv_connector": "MooncakeHiddenStatesConnector",
+                     "kv_connector_module_path": "hs_connectors.mooncake_hidden_states_connector"},
+        "not-a-subclass": {"kv_connector": "DecodeBenchConnector",
+                           "kv_connector_module_path": "vllm.distributed.kv_transfer.kv_connector.v1"},
+        "fp8": kv_config(client_python, "fp8", tmp_path / "s"),
+        "file": kv_config(client_python, "file", tmp_path / "s"),
+    }
+    out = {}
+    for name, kv in configs.items():
+        proc = subprocess.run([sys.executable, "-c", _CHECK, json.dumps(kv)], capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[name] = proc.stdout.split("SPEC_COMPAT_RESULT ", 1)[1].strip()
+    assert out["fp8"] == "accepted" and out["file"] == "accepted", out
+    assert out["mooncake"].startswith("refused: spec_compat[ehs-config]: kv_connector 'MooncakeHiddenStatesConnector'")
+    assert "not supported here yet: use the file or fp8 backend" in out["mooncake"], out["mooncake"]
+    assert "is not a subclass of ExampleHiddenStatesConnector" in out["not-a-subclass"], out["not-a-subclass"]
+    assert "KVConnectorBase_V1" in out["not-a-subclass"], out["not-a-subclass"]

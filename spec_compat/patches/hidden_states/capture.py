@@ -4,8 +4,10 @@ vLLM 0.17 captures through a drafter model with a cache-only attention layer
 (``model_executor/models/extract_hidden_states.py``); 0.15/0.16 have neither, and their aux
 states cover ids 1..N-1 of Llama only.  After the KV cache exists, TP rank 0 gets a store shaped
 like it (one row per KV slot) and hooks that write every requested id, 0..N, for every model.
-Installed on ``GPUModelRunner.initialize_kv_cache``, which the CPU runner inherits: the CPU
+Installed on ``GPUModelRunner.initialize_kv_cache_tensors``, which the CPU runner inherits: the CPU
 engine runs the same method a GPU worker runs (store on the runner's device, eager execution).
+The store's tensor joins the caches handed to the connector as a cache-only layer's
+(:mod:`spec_compat.shims.hidden_states.cache_group`), as vLLM 0.17's hidden-states group does.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ def _current_slots() -> Any:
     return next(iter(mapping.values()))
 
 
-def _install(runner: Any, kv_cache_config: Any) -> None:
+def _install(runner: Any, kv_cache_config: Any) -> Any:
+    """The store of TP rank 0 (hooks installed, handed to the backport's connector), else None."""
     from vllm.config import CompilationMode
     from vllm.distributed import get_tensor_model_parallel_rank
     from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
@@ -49,7 +52,7 @@ def _install(runner: Any, kv_cache_config: Any) -> None:
 
     settings = runner.vllm_config.kv_transfer_config.kv_connector_extra_config[SETTINGS_KEY]
     if get_tensor_model_parallel_rank() != 0:
-        return  # rank 0 captures and writes; every rank computes the same states
+        return None  # rank 0 captures and writes; every rank computes the same states
     mode = runner.vllm_config.compilation_config.mode
     if mode != CompilationMode.NONE:
         raise RuntimeError(f"spec_compat[ehs-capture]: the capture hooks need eager execution; compilation mode is {mode!r}")
@@ -71,10 +74,13 @@ def _install(runner: Any, kv_cache_config: Any) -> None:
     runner._spec_compat_ehs_hooks = install_capture(stack.layers, store, _current_slots)
     if not has_kv_transfer_group():
         raise RuntimeError(f"spec_compat[ehs-capture]: no KV connector in this worker")
-    get_kv_transfer_group().attach_store(store)
+    connector = get_kv_transfer_group()
+    if hasattr(connector, "attach_store"):  # the backport's connector; others read the cache layer
+        connector.attach_store(store)
     log.info("spec_compat: extract_hidden_states: capturing ids %s; store %d blocks x %d tokens, %.1f MiB "
              "next to the KV cache", settings["layer_ids"], kv_cache_config.num_blocks, store.block_size,
              store.nbytes / 2**20)
+    return store
 
 
 def check_room(nbytes: int, device: Any) -> None:
@@ -93,12 +99,24 @@ def check_room(nbytes: int, device: Any) -> None:
             "--gpu-memory-utilization (or --num-gpu-blocks-override) to leave room for it")
 
 
-def _initialize_kv_cache(wrapped: Any, runner: Any, args: tuple, kwargs: dict) -> Any:
-    result = wrapped(*args, **kwargs)
+def _initialize_kv_cache_tensors(wrapped: Any, runner: Any, args: tuple, kwargs: dict) -> Any:
+    """The KV caches vLLM allocates, plus the store's tensor as a cache-only layer's cache (what
+    ``initialize_kv_cache`` hands the connector next, as vLLM 0.17's hidden-states group)."""
+    caches = wrapped(*args, **kwargs)
     kv = runner.vllm_config.kv_transfer_config
-    if kv is not None and SETTINGS_KEY in (kv.kv_connector_extra_config or {}):
-        _install(runner, runner.kv_cache_config)  # the runner's own copy (guarded in check)
-    return result
+    if kv is not None and SETTINGS_KEY in (kv.kv_connector_extra_config or {}) and isinstance(caches, dict):
+        import torch
+
+        from ...shims.hidden_states.cache_group import LAYER_NAME, register_layer
+
+        settings = kv.kv_connector_extra_config[SETTINGS_KEY]
+        store = _install(runner, runner.kv_cache_config)  # the runner's own copy (guarded in check)
+        # other TP ranks hold no rows (rank 0 writes): an empty cache of the same shape
+        cache = store.cache if store is not None else torch.empty(
+            (0, 1, len(settings["layer_ids"]), settings["hidden_size"]), dtype=runner.model_config.dtype)
+        register_layer(runner.vllm_config, cache, settings["layer_ids"], settings["hidden_size"])
+        caches = {**caches, LAYER_NAME: cache}
+    return caches
 
 
 @register
@@ -111,7 +129,7 @@ class ExtractHiddenStatesCapture(Patch):
     summary = ("extract_hidden_states rows: hooks on the decoder stack write ids 0..N (input of layer i; "
                "N = last layer's output before the norm) at each token's KV slot, TP rank 0")
     upstream = "vLLM <=0.16 has no extract_hidden_states model/proposer (0.17 models/extract_hidden_states.py)"
-    # the base class: CPUModelRunner (vLLM 0.15/0.16) inherits initialize_kv_cache from it
+    # the base class: CPUModelRunner (vLLM 0.15/0.16) inherits initialize_kv_cache(_tensors) from it
     target = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
     requires = {"vllm": VLLM_WITHOUT_EHS}
     side = "worker"
@@ -120,9 +138,13 @@ class ExtractHiddenStatesCapture(Patch):
         cls = guard.attr(module, "GPUModelRunner")
         guard.has_params(cls.initialize_kv_cache, "GPUModelRunner.initialize_kv_cache", "kv_cache_config")
         guard.has_attrs(cls, "GPUModelRunner", "get_model")
-        if "self.kv_cache_config = kv_cache_config" not in guard.source(cls.initialize_kv_cache,
-                                                                         "GPUModelRunner.initialize_kv_cache"):
+        guard.has_params(cls.initialize_kv_cache_tensors, "GPUModelRunner.initialize_kv_cache_tensors", "kv_cache_config")
+        source = guard.source(cls.initialize_kv_cache, "GPUModelRunner.initialize_kv_cache")
+        if "self.kv_cache_config = kv_cache_config" not in source:
             raise TargetChanged("GPUModelRunner.initialize_kv_cache no longer keeps self.kv_cache_config")
+        if "self.initialize_kv_cache_tensors(" not in source or ".register_kv_caches(kv_caches)" not in source:
+            raise TargetChanged("GPUModelRunner.initialize_kv_cache no longer hands the tensors of "
+                                "initialize_kv_cache_tensors to the connector's register_kv_caches")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        changes.wrap(module.GPUModelRunner, "initialize_kv_cache", _initialize_kv_cache)
+        changes.wrap(module.GPUModelRunner, "initialize_kv_cache_tensors", _initialize_kv_cache_tensors)

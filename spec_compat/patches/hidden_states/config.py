@@ -64,10 +64,12 @@ def storage_dir(extra: dict[str, Any]) -> str:
     return os.path.abspath(path)
 
 
-def check_connector(kv: Any) -> None:
+def check_connector(kv: Any) -> bool:
     """The method's ``--kv-transfer-config``: ``ExampleHiddenStatesConnector``, or a class of
-    ``kv_connector_module_path`` that subclasses it (hs-connectors' ``FP8HiddenStatesConnector``);
-    ValueError naming what was given otherwise (before any weights load)."""
+    ``kv_connector_module_path`` that subclasses it (hs-connectors' ``FP8HiddenStatesConnector``) or
+    reads vLLM 0.17's hidden-states cache (hs-connectors' ``MooncakeHiddenStatesConnector``);
+    ValueError naming what was given otherwise (before any weights load).  True when the
+    connector writes files (the backport's writer: ``shared_storage_path`` is needed)."""
     got = None if kv is None else kv.kv_connector
     want = f"'{{\"kv_connector\": \"{CONNECTOR_NAME}\", ...}}'"
     if kv is None or not got:
@@ -75,7 +77,7 @@ def check_connector(kv: Any) -> None:
                          f"(or a subclass of it); got kv_connector {got!r}")
     path = kv.kv_connector_module_path
     if got == CONNECTOR_NAME and path in (None, CONNECTOR_MODULE):
-        return
+        return True
     if not path:
         raise ValueError(f"spec_compat[ehs-config]: method {METHOD!r} writes through --kv-transfer-config {want}, "
                          f"or a subclass named with kv_connector_module_path; got kv_connector {got!r} without a module path")
@@ -87,18 +89,22 @@ def check_connector(kv: Any) -> None:
         raise ValueError(
             f"spec_compat[ehs-config]: kv_connector {got!r}: kv_connector_module_path {path!r} does not import on this "
             f"vLLM ({type(exc).__name__}: {exc}). On vLLM <0.17 spec-compat serves method {METHOD!r} through its "
-            f"{CONNECTOR_NAME} backport and subclasses that override only _write_tensors (hs-connectors' fp8 "
-            "backend); connectors built on vLLM >= 0.17's hidden-states KV-cache group (hs-connectors' mooncake "
-            "backend) are not supported here yet: use the file or fp8 backend") from None
+            f"{CONNECTOR_NAME} backport, its subclasses (hs-connectors' fp8 backend) and connectors that read "
+            "vLLM 0.17's hidden-states cache with extract_from_kv_cache (hs-connectors' mooncake backend)") from None
+    from ...shims.hidden_states.cache_group import reads_cache_group
     from ...shims.hidden_states.connector import HiddenStatesConnector
 
+    if isinstance(cls, type) and reads_cache_group(cls):
+        return False  # gets the store's tensor as the cache-only layer's KV cache (ehs-capture, ehs-cache-group)
     if not (isinstance(cls, type) and issubclass(cls, HiddenStatesConnector)):
         raise ValueError(
             f"spec_compat[ehs-config]: kv_connector {got!r} of {path!r} is not a subclass of {CONNECTOR_NAME}: on this "
             f"vLLM method {METHOD!r} writes through {CONNECTOR_NAME} and its subclasses (e.g. hs-connectors' "
-            f"FP8HiddenStatesConnector), which spec-compat backports; "
+            f"FP8HiddenStatesConnector), which spec-compat backports, or through connectors that read vLLM 0.17's "
+            f"hidden-states cache with extract_from_kv_cache (hs-connectors' MooncakeHiddenStatesConnector); "
             + ("not found in that module" if cls is None else f"{got} derives from "
                + ", ".join(b.__name__ for b in cls.__mro__[1:4])))
+    return True
 
 
 def _speculative_config_new(cls: Any, *args: Any, **kwargs: Any) -> Any:
@@ -126,15 +132,16 @@ def _vllm_config_post_init(wrapped: Any, config: Any, args: tuple, kwargs: dict)
     ids = getattr(model, _REQUEST, None) if model is not None else None
     if ids is not None:
         kv = config.kv_transfer_config
-        check_connector(kv)
+        files = check_connector(kv)
         extra = kv.kv_connector_extra_config
         text = model.hf_text_config
         extra[SETTINGS_KEY] = {"layer_ids": list(ids), "num_hidden_layers": int(text.num_hidden_layers),
-                               "hidden_size": int(text.hidden_size), "storage": storage_dir(extra)}
+                               "hidden_size": int(text.hidden_size), "storage": storage_dir(extra) if files else None}
         if kv.kv_connector_module_path is None:
             kv.kv_connector_module_path = CONNECTOR_MODULE
-        log.info("spec_compat: extract_hidden_states: layer ids %s of N=%d, hidden %d, files in %s; eager",
-                 ids, text.num_hidden_layers, text.hidden_size, extra[SETTINGS_KEY]["storage"])
+        log.info("spec_compat: extract_hidden_states: layer ids %s of N=%d, hidden %d, %s; eager",
+                 ids, text.num_hidden_layers, text.hidden_size,
+                 f"files in {extra[SETTINGS_KEY]['storage']}" if files else f"rows to {kv.kv_connector}")
     return wrapped(*args, **kwargs)
 
 

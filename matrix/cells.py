@@ -205,6 +205,9 @@ CELLS: dict[str, Cell] = {
                 ("tests/server/test_hs_connectors.py",
                  "hs-connectors' fp8 backend on native vLLM 0.32 (2 server and training runs, ~250 s): CI runs it on "
                  "the backport (spec0.9.0-vllm0.16.0); matrix/run records it here"),
+                ("tests/server/test_mooncake_restart.py",
+                 "a Mooncake extraction server killed and restarted mid-run: CI runs the Mooncake backend on the "
+                 "backport (spec0.9.0-vllm0.16.0); matrix/run records it"),
                 ("tests/server/test_mooncake.py",
                  "hs-connectors' Mooncake backend on native vLLM 0.32 (3 server and 2 training runs): CI runs it on "
                  "the backport (spec0.9.0-vllm0.16.0); matrix/run records it here"),
@@ -233,6 +236,14 @@ CELLS: dict[str, Cell] = {
                             "hs-connectors' fp8 backend on Kimi-K2.5: the connector path CI runs on Llama (one more "
                             "server and training run, ~120 s); matrix/run records it")
                            for t in ("test_fp8_rows_lie_within_the_e4m3_bound", "test_stock_trainer_trains_on_fp8_rows")),
+                         ("tests/server/test_speculators_client.py::test_stock_speculators_generates_the_reference_rows"
+                          "[llama-chunked-prefill]",
+                          "Llama rows vs the reference with chunked prefill through the backport: CI checks them in "
+                          "test_mooncake.py (two servers, 64-token chunks) and, through stock generate-offline-data, in "
+                          "test_speculators_pipeline.py; matrix/run records this (Kimi-K2.5 runs in CI)"),
+                         ("tests/server/test_mooncake_restart.py",
+                          "a Mooncake extraction server killed and restarted mid-run (three server starts, ~200 s): "
+                          "matrix/run records it"),
                          *((f"tests/server/test_mooncake.py::{t}[kimi-k25]",
                             "hs-connectors' Mooncake backend on Kimi-K2.5: the connector path CI runs on Llama (one more "
                             "server and training run, ~130 s); matrix/run records it")

@@ -187,6 +187,8 @@ CELLS: dict[str, Cell] = {
             speculators="0.9.0",
             vllm="0.32.0",
             pins=("torch==2.13.0", "torchvision", "torchaudio", "transformers==5.19.0"),
+            # hs-connectors comes with speculators here; its Mooncake backend needs Mooncake's client
+            extra=HS_CONNECTORS_0_9[1:],
             future=True,
             # the native anchor: vllm serve 0.32 (vLLM's own extract_hidden_states) + stock speculators
             # 0.9.0 in one env; tests/engine needs speculators' removed in-process generator

@@ -19,11 +19,15 @@ file (a ``sitecustomize`` on that server's ``PYTHONPATH`` only, for this measure
 hooks and the row gather stay, so extraction / no-write and no-write / plain say where the
 extraction's cost goes.  With ``--baseline-tree DIR`` one more backport server imports spec_compat
 from DIR (e.g. ``git worktree add DIR COMMIT``) instead of this checkout: a change measured against
-the code before it, side by side.
+the code before it, side by side.  With ``--backends fp8,mooncake`` one more backport server per
+hs-connectors backend runs with that backend's own ``--kv_transfer_config`` (Mooncake: a real
+``mooncake_master`` started here; a request counts as done once hs-connectors' reader has the
+sample); each backend's tokens/s over plain and over the file backend and its stored bytes per
+token (file size, or the store object's aligned size) are printed.
 
 usage: python benchmarks/extract_hidden_states_server.py FIXTURE_DIR [--rounds 5] [--prompts 48]
        [--tokens 256] [--ids 1,2,3,4] [--out benchmarks/results/X.json] [--trust-remote-code]
-       [--native-python PY] [--block-size 16] [--split] [--baseline-tree DIR]
+       [--native-python PY] [--block-size 16] [--split] [--baseline-tree DIR] [--backends fp8,mooncake]
 Run it in a server environment (``matrix/env spec0.9.0-vllm0.16.0``), one engine job at a time.
 """
 
@@ -42,6 +46,7 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "server"))
 from conftest import Server  # noqa: E402  (the tests' server launcher)
@@ -99,27 +104,103 @@ def _complete(path: str) -> bool:
     return os.path.isfile(path)
 
 
-def _one_complete(url: str, model: str, ids: list[int], files: bool) -> dict:
+def _one_complete(url: str, model: str, ids: list[int], sink: Any) -> dict:
     answer = _one(url, model, ids)
-    if files:
-        path = answer["kv_transfer_params"]["hidden_states_path"]
-        assert path and _complete(path), f"a request got no file: {answer.get('kv_transfer_params')}"
+    if sink is not None:
+        sink.complete(answer["kv_transfer_params"])
     return answer
 
 
-def _round(server: Server, model: str, prompts: list[list[int]], storage: Path | None) -> float:
-    """Prompt tokens per second, counted until every file is complete (a client reads it then)."""
-    t = time.perf_counter()
-    with ThreadPoolExecutor(16) as pool:
-        answers = list(pool.map(lambda p: _one_complete(server.url, model, p, storage is not None), prompts))
-    seconds = time.perf_counter() - t
-    if storage is not None:
+class Files:
+    """The file backends (the backport's writer, hs-connectors' fp8 subclass): a request is done
+    when its file is complete; files are deleted after each round."""
+
+    def __init__(self, where: Path) -> None:
+        self.where, self.bytes, self.tokens = where, 0, 0
+
+    def complete(self, params: dict) -> None:
+        path = params["hidden_states_path"]
+        assert path and _complete(path), f"a request got no file: {params}"
+
+    def done(self, answers: list[dict]) -> None:
         for a in answers:
             p = a["kv_transfer_params"]["hidden_states_path"]
+            self.bytes += os.path.getsize(p)
+            self.tokens += len(a["choices"][0]["prompt_token_ids"])
             os.unlink(p)
             if os.path.exists(p + ".lock"):
                 os.unlink(p + ".lock")
+
+
+class Store:
+    """hs-connectors' Mooncake backend: a request is done when hs-connectors' reader has the sample
+    (``get_sample``, what the trainer calls); samples are deleted after each round."""
+
+    def __init__(self, config: dict) -> None:
+        from hs_connectors.mooncake_store import MooncakeHiddenStatesStore, MooncakeStoreConfig
+
+        self.store = MooncakeHiddenStatesStore(MooncakeStoreConfig.from_dict(config)).setup()
+        self.bytes, self.tokens = 0, 0
+
+    def complete(self, params: dict) -> None:
+        sample = self.store.get_sample(params)
+        assert sample["hidden_states"].shape[0] == params["metadata"]["num_tokens"], params
+
+    def done(self, answers: list[dict]) -> None:
+        for a in answers:
+            params = a["kv_transfer_params"]
+            self.bytes += params["metadata"]["total_aligned_bytes"]
+            self.tokens += params["metadata"]["num_tokens"]
+            self.store.delete_sample(params["handle"])
+
+
+def _round(server: Server, model: str, prompts: list[list[int]], sink: Any) -> float:
+    """Prompt tokens per second, counted until every request's rows are complete where its
+    backend keeps them (a client reads them then)."""
+    t = time.perf_counter()
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda p: _one_complete(server.url, model, p, sink), prompts))
+    seconds = time.perf_counter() - t
+    if sink is not None:
+        sink.done(answers)
     return sum(map(len, prompts)) / seconds
+
+
+def _mooncake_master(work: Path) -> tuple[Any, str]:
+    """A real ``mooncake_master`` (the wheel's binary) on a free port: (process, host:port)."""
+    import importlib.util
+    import socket
+    import subprocess
+
+    from conftest import free_port
+
+    spec = importlib.util.find_spec("mooncake")
+    binary = Path(list(spec.submodule_search_locations)[0]) / "mooncake_master"
+    port = free_port()
+    proc = subprocess.Popen([str(binary), f"--rpc_port={port}", "--rpc_address=127.0.0.1",
+                             f"--metrics_port={free_port()}"], stdout=open(work / "master.log", "w"),
+                            stderr=subprocess.STDOUT)
+    for _ in range(300):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, f"127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"mooncake_master does not listen: {(work / 'master.log').read_text()[-2000:]}")
+
+
+def hs_connectors_config(backend: str, where: Path, master: str | None) -> dict:
+    """hs-connectors' own ``--kv_transfer_config`` of a backend, from speculators' launch options."""
+    from hs_connectors.transfer import HiddenStatesBackend
+
+    cls = HiddenStatesBackend.registry[backend]
+    parser = argparse.ArgumentParser()
+    cls.add_launch_args(parser)
+    argv = ["--mooncake-master", master, "--mooncake-global-segment-gib", "1", "--mooncake-local-buffer-gib",
+            "0.25"] if backend == "mooncake" else []
+    args = parser.parse_args(argv)
+    args.hidden_states_path = str(where)
+    return cls.build_kv_transfer_config(args)
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,6 +252,8 @@ def main() -> None:
                     help="add a backport server that captures and gathers but writes no file")
     ap.add_argument("--baseline-tree", default=None,
                     help="add a backport server importing spec_compat from this source tree")
+    ap.add_argument("--backends", default="",
+                    help="add backport servers with hs-connectors' backends (comma list of fp8, mooncake)")
     a = ap.parse_args()
     out_file = Path(a.out).resolve() if a.out else None  # the servers run from a temp dir
     a.model = str(Path(a.model).resolve())
@@ -184,37 +267,49 @@ def main() -> None:
               "--max-num-batched-tokens", "2048", "--enforce-eager"]
     if a.trust_remote_code:
         common.append("--trust-remote-code")
-    def extract_args(where: Path) -> list[str]:
+    def extract_args(where: Path, kv: dict | None = None) -> list[str]:
         return common + [
             "--speculative_config", json.dumps({"method": "extract_hidden_states", "num_speculative_tokens": 1,
                                                 "draft_model_config": {"hf_config": {
                                                     "eagle_aux_hidden_state_layer_ids": ids}}}),
-            "--kv_transfer_config", json.dumps({"kv_connector": "ExampleHiddenStatesConnector",
-                                                "kv_role": "kv_producer",
-                                                "kv_connector_extra_config": {"shared_storage_path": str(where)}})]
+            "--kv_transfer_config", json.dumps(kv or {"kv_connector": "ExampleHiddenStatesConnector",
+                                                      "kv_role": "kv_producer",
+                                                      "kv_connector_extra_config": {"shared_storage_path": str(where)}})]
 
     os.chdir(work)  # `python -m` puts the working directory first on sys.path
     old = Path(a.baseline_tree).resolve() if a.baseline_tree else None
     trees = {"plain": ROOT, "extract": ROOT, "native": ROOT, "no_write": ROOT, "baseline": old}
     servers = {"plain": Server(common, work / "plain.log", env=_server_env(work, "plain", ROOT)),
                "extract": Server(extract_args(storage), work / "extract.log", env=_server_env(work, "extract", ROOT))}
-    stores: dict[str, Path | None] = {"plain": None, "extract": storage}
+    stores: dict[str, Any] = {"plain": None, "extract": Files(storage)}
     if a.native_python:
         servers["native"] = Server(extract_args(work / "native"), work / "native.log", python=a.native_python,
                                    env=_server_env(work, "native", ROOT))
-        stores["native"] = work / "native"
+        stores["native"] = Files(work / "native")
     if a.split:
         servers["no_write"] = Server(extract_args(work / "no-write"), work / "no-write.log",
                                      env=_server_env(work, "no_write", ROOT, no_write=True))
-        stores["no_write"] = work / "no-write"
+        stores["no_write"] = Files(work / "no-write")
     if old is not None:
         servers["baseline"] = Server(extract_args(work / "baseline"), work / "baseline.log",
                                      env=_server_env(work, "baseline", old))
-        stores["baseline"] = work / "baseline"
+        stores["baseline"] = Files(work / "baseline")
+    master = None
+    for backend in filter(None, a.backends.split(",")):
+        where = work / backend
+        if backend == "mooncake":
+            os.environ.setdefault("MOONCAKE_LOCAL_HOSTNAME", "127.0.0.1")
+            master, address = _mooncake_master(work)
+        kv = hs_connectors_config(backend, where, address if backend == "mooncake" else None)
+        servers[backend] = Server(extract_args(where, kv), work / f"{backend}.log", env=_server_env(work, backend, ROOT))
+        trees[backend] = ROOT
+        stores[backend] = Files(where) if backend != "mooncake" else kv["kv_connector_extra_config"]["mooncake"]
     try:
         for name, s in servers.items():
             s.wait_ready()
             _check_tree(s, trees[name])
+        if isinstance(stores.get("mooncake"), dict):
+            stores["mooncake"] = Store(stores["mooncake"])
         peaks = {name: PeakRss(s.proc.pid) for name, s in servers.items()}
         rng = random.Random(0)
         rates: dict[str, list[float]] = {name: [] for name in servers}
@@ -231,6 +326,8 @@ def main() -> None:
     finally:
         for s in servers.values():
             s.stop()
+        if master is not None:
+            master.terminate()
         shutil.rmtree(work, ignore_errors=True)
     ratios = [e / p for e, p in zip(rates["extract"], rates["plain"])]
     res = {"model": a.model, "layer_ids": ids, "rounds": a.rounds, "prompts": a.prompts, "tokens": a.tokens,
@@ -239,6 +336,15 @@ def main() -> None:
            "ratio_per_round": [round(x, 3) for x in ratios], "ratio_median": round(statistics.median(ratios), 3),
            "peak_rss_mib": {k: round(v / 2**20) for k, v in peak.items()},
            "peak_rss_ratio": round(peak["extract"] / peak["plain"], 3), "block_size": block}
+    for backend in filter(None, a.backends.split(",")):
+        sink = stores[backend]
+        res[backend] = {"tok_s": [round(x, 1) for x in rates[backend]],
+                        "over_plain_median": round(statistics.median(
+                            [b / p for b, p in zip(rates[backend], rates["plain"])]), 3),
+                        "over_file_median": round(statistics.median(
+                            [b / e for b, e in zip(rates[backend], rates["extract"])]), 3),
+                        "bytes_per_token": round(sink.bytes / sink.tokens, 1)}
+    res["extract_bytes_per_token"] = round(stores["extract"].bytes / stores["extract"].tokens, 1)
     if a.native_python:
         native = [e / n for e, n in zip(rates["extract"], rates["native"])]
         res.update({"native_python": a.native_python, "native_tok_s": [round(x, 1) for x in rates["native"]],

@@ -22,7 +22,6 @@ from ...core.registry import Changes, Patch, TargetChanged, register
 from ...shims.hidden_states.contract import SETTINGS_KEY
 from .. import _guards as guard
 from . import VLLM_WITHOUT_EHS
-from .config import CONNECTOR_MODULE
 
 FACTORY = "vllm.distributed.kv_transfer.kv_connector.factory"
 #: vLLM >= 0.17's module of the cache-only layer, answered by the backport's module
@@ -33,23 +32,13 @@ BACKPORT = "spec_compat.shims.hidden_states.cache_group"
 PROOF = "tests/server/test_mooncake.py::test_mooncake_backend_fails_with_only_this_patch_disabled"
 
 
-def _is_backport_connector(kv: Any) -> bool:
-    """Whether ``kv`` names the backport's connector or a subclass of it (they get the store
-    directly, ``attach_store``): those see the configuration as it is."""
-    path = kv.kv_connector_module_path
-    if path in (None, CONNECTOR_MODULE):
-        return True
-    from ...shims.hidden_states.connector import HiddenStatesConnector
-
-    cls = getattr(importlib.import_module(path), kv.kv_connector, None)
-    return isinstance(cls, type) and issubclass(cls, HiddenStatesConnector)
-
-
 def _create_connector(wrapped: Any, _factory: Any, args: tuple, kwargs: dict) -> Any:
     config = args[0] if args else kwargs["config"]
     kv = config.kv_transfer_config
     settings = (kv.kv_connector_extra_config or {}).get(SETTINGS_KEY) if kv is not None else None
-    if settings is None or _is_backport_connector(kv):
+    # ehs-config sorted the connector once: the backport's writers (and subclasses) get a storage
+    # directory and see the configuration as it is; readers of the cache group get none
+    if settings is None or settings["storage"] is not None:
         return wrapped(*args, **kwargs)
     from ...shims.hidden_states.cache_group import connector_view
 

@@ -289,57 +289,15 @@ def approx_flops(draft: dict | None, T: int, draft_vocab: int, ttt: int, hidden:
             "attention_pairs_per_ttt_step": pairs, "sliding_window": window}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--work-dir", default="/tmp/spec09")
-    ap.add_argument("--out", default="benchmarks/results/spec09_train_h200_kimi.json")
-    ap.add_argument("--log", default=None, help="copy of the trainer's output (default: next to --out)")
-    ap.add_argument("--hidden", type=int, default=7168)
-    ap.add_argument("--vocab", type=int, default=163840)
-    ap.add_argument("--heads", type=int, default=4, help="tiny sizes only")
-    ap.add_argument("--verifier-layers", type=int, default=61)
-    ap.add_argument("--target-layer-ids", default="2,30,58")
-    ap.add_argument("--draft-vocab", type=int, default=32000)
-    ap.add_argument("--num-seqs", type=int, default=64)
-    ap.add_argument("--seq-len", type=int, default=4096)
-    ap.add_argument("--max-steps", type=int, default=50)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--ttt-steps", type=int, default=3, help="the trainer's default; only for the FLOP count")
-    ap.add_argument("--peak-tflops", type=float, default=790.0)
-    ap.add_argument("--deadline-s", type=float, default=540.0,
-                    help="kill the trainer this long after this script started")
-    ap.add_argument("--launcher", default=None, help="command that runs the CLI (default: python -c PROBE)")
-    ap.add_argument("--label", default="")
-    ap.add_argument("extra", nargs="*", help="extra trainer flags (after --)")
-    args = ap.parse_args()
-    args.num_aux = len(args.target_layer_ids.split(","))
+def run_trainer(args, result: dict, *, work: Path, vdir: Path, ddir: Path, t_script: float,
+                out_path: Path, log_path: Path, stop_after_step: int | None = None) -> tuple[int, bool]:
+    """Run ``speculators train`` on ``vdir`` / ``ddir`` (checkpoints and logs under ``work``), filling
+    ``result``: returncode, phases, step times, the trainer's profile, memory, the resolved draft.
+    ``stop_after_step``: kill the trainer once that global step is logged (no checkpoint, no
+    validation: timing runs only). Returns (returncode, whether any step after the warm-up was timed)."""
+    import torch  # noqa: F401  (the caller has it)
 
-    t_script = time.perf_counter()
-    import torch
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    work = Path(args.work_dir)
-    if work.exists():
-        shutil.rmtree(work)
-    vdir, ddir, sdir, ldir = work / "verifier", work / "data", work / "ckpt", work / "logs"
-    result: dict = {"label": args.label, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                    "device": device_info(), "versions": versions()}
-    log(f"device {result['device']}, versions {result['versions']}")
-
-    t0 = time.perf_counter()
-    weights = build_verifier(vdir, args, device)
-    vcfg = json.loads((vdir / "config.json").read_text())
-    result["verifier"] = {"config": {k: vcfg[k] for k in (
-        "model_type", "hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-        "intermediate_size", "qk_rope_head_dim", "rope_theta", "rope_scaling", "max_position_embeddings")},
-        "weights_bf16": weights}
-    log(f"verifier written in {time.perf_counter() - t0:.1f} s")
-    t1 = time.perf_counter()
-    result["data"] = build_data(ddir, args, device)
-    log(f"data written in {time.perf_counter() - t1:.1f} s: {result['data']}")
-    if device == "cuda":
-        torch.cuda.empty_cache()
-
+    sdir, ldir = work / "ckpt", work / "logs"
     train_args = [
         "train",
         "--verifier-name-or-path", str(vdir),
@@ -362,8 +320,6 @@ def main() -> int:
     result["command"] = "speculators " + shlex.join(train_args)
     log("running: " + result["command"])
 
-    out_path = Path(args.out)
-    log_path = Path(args.log) if args.log else out_path.with_suffix(".log")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     smi = SmiSampler()
     smi.start()
@@ -396,6 +352,9 @@ def main() -> int:
                 profiles.append((step_ms[-1][0], {k: float(v) for k, v in PROFILE_RE.findall(line)}))
                 marks.setdefault("first_step_logged_s", now)
                 marks["last_step_logged_s"] = now
+                if stop_after_step is not None and step_ms[-1][0] >= stop_after_step and proc.poll() is None:
+                    marks["stopped_after_step_s"] = now
+                    os.killpg(proc.pid, signal.SIGKILL)
             if "Saving checkpoint" in line:
                 marks.setdefault("checkpoint_start_s", now)
             if "Checkpoint saved" in line:
@@ -404,6 +363,8 @@ def main() -> int:
                 marks.setdefault("validation_done_s", now)
     rc = proc.wait()
     timer.cancel()
+    if "stopped_after_step_s" in marks:
+        rc = 0  # killed on purpose once the timed steps were logged
     marks["exit_s"] = time.perf_counter() - t_start
     smi.stop.set()
     smi.join(timeout=15)
@@ -467,6 +428,64 @@ def main() -> int:
         start = max(0, (tb[0] if tb else len(lines)) - 5)
         result["error_tail"] = "".join(lines[start:start + 200])[-20000:]
     result["log_file"] = str(log_path)
+    return rc, bool(timed)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work-dir", default="/tmp/spec09")
+    ap.add_argument("--out", default="benchmarks/results/spec09_train_h200_kimi.json")
+    ap.add_argument("--log", default=None, help="copy of the trainer's output (default: next to --out)")
+    ap.add_argument("--hidden", type=int, default=7168)
+    ap.add_argument("--vocab", type=int, default=163840)
+    ap.add_argument("--heads", type=int, default=4, help="tiny sizes only")
+    ap.add_argument("--verifier-layers", type=int, default=61)
+    ap.add_argument("--target-layer-ids", default="2,30,58")
+    ap.add_argument("--draft-vocab", type=int, default=32000)
+    ap.add_argument("--num-seqs", type=int, default=64)
+    ap.add_argument("--seq-len", type=int, default=4096)
+    ap.add_argument("--max-steps", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--ttt-steps", type=int, default=3, help="the trainer's default; only for the FLOP count")
+    ap.add_argument("--peak-tflops", type=float, default=790.0)
+    ap.add_argument("--deadline-s", type=float, default=540.0,
+                    help="kill the trainer this long after this script started")
+    ap.add_argument("--launcher", default=None, help="command that runs the CLI (default: python -c PROBE)")
+    ap.add_argument("--label", default="")
+    ap.add_argument("extra", nargs="*", help="extra trainer flags (after --)")
+    args = ap.parse_args()
+    args.num_aux = len(args.target_layer_ids.split(","))
+
+    t_script = time.perf_counter()
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    work = Path(args.work_dir)
+    if work.exists():
+        shutil.rmtree(work)
+    vdir, ddir = work / "verifier", work / "data"
+    result: dict = {"label": args.label, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                    "device": device_info(), "versions": versions()}
+    log(f"device {result['device']}, versions {result['versions']}")
+
+    t0 = time.perf_counter()
+    weights = build_verifier(vdir, args, device)
+    vcfg = json.loads((vdir / "config.json").read_text())
+    result["verifier"] = {"config": {k: vcfg[k] for k in (
+        "model_type", "hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+        "intermediate_size", "qk_rope_head_dim", "rope_theta", "rope_scaling", "max_position_embeddings")},
+        "weights_bf16": weights}
+    log(f"verifier written in {time.perf_counter() - t0:.1f} s")
+    t1 = time.perf_counter()
+    result["data"] = build_data(ddir, args, device)
+    log(f"data written in {time.perf_counter() - t1:.1f} s: {result['data']}")
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+    out_path = Path(args.out)
+    log_path = Path(args.log) if args.log else out_path.with_suffix(".log")
+    rc, timed = run_trainer(args, result, work=work, vdir=vdir, ddir=ddir, t_script=t_script,
+                            out_path=out_path, log_path=log_path)
     out_path.write_text(json.dumps(result, indent=2) + "\n")
     print("RESULT_JSON " + json.dumps({k: result.get(k) for k in ("returncode", "timing", "memory", "phases_s")}))
     return 0 if rc == 0 and timed else 1

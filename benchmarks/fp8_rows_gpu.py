@@ -11,14 +11,16 @@ copy), then one of four modes, interleaved in rounds (the order rotates):
 * ``fp8-host``   - hs-connectors 0.9.0's ``FP8HiddenStatesConnector._write_tensors`` as the backport
   calls it (:func:`write_through`): bf16 rows cross PCIe, the writer thread quantizes them on the host
   (upstream's order);
-* ``fp8-device`` - the same quantization (hs-connectors' own ``quantize_tensor_to_fp8``) run on the
-  device before the pinned copy: fp8 rows + fp32 scales cross PCIe, the writer only saves.
+* ``fp8-device`` - the rows quantized on the device before the pinned copy by spec-compat's
+  :func:`quantize_rows` (hs-connectors' format and bytes): fp8 rows + fp32 scales cross PCIe, the
+  writer only saves.
 
 Reported per mode: tokens/s (median over rounds, and its ratio to ``none`` and between the fp8 orders),
 bytes over PCIe per step (the nbytes of the tensors copied device -> host: computed, not sniffed), the
 writer thread's CPU time per file (``time.thread_time`` around each write), file bytes. Before the
 rounds, one prompt is written through both fp8 orders and the two files' bytes compared: equal
-SHA-256 or the benchmark fails.
+SHA-256 or the benchmark fails. For the record it also writes the prompt with hs-connectors' own
+``quantize_tensor_to_fp8`` run on the device, and says where that file differs from the host's.
 
 hs-connectors' fp8 module subclasses vLLM's ``ExampleHiddenStatesConnector``; where vLLM is not
 installed (the device machine) a bare stand-in class is put at that module path only so the module
@@ -45,10 +47,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import spec_compat  # noqa: E402,F401  (where vLLM is installed, the registry provides the connector module)
 from spec_compat.shims.hidden_states.files import hidden_states_tensors  # noqa: E402
+from spec_compat.shims.hidden_states.fp8_rows import quantize_rows  # noqa: E402
 from spec_compat.shims.hidden_states.upstream_writer import save_and_release  # noqa: E402
 from spec_compat.shims.hidden_states.writer import BackgroundWriter, host_rows  # noqa: E402
 
 MODES = ("none", "bf16", "fp8-host", "fp8-device")
+CHECKS = MODES[1:] + ("hs-quantize-on-device",)  # the last: written once, never timed
 EHS_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
 
 
@@ -147,8 +151,8 @@ def main() -> None:
         h.sum().item()  # the sampler's sync at the end of a step
 
     def emit(mode: str, rows: Any, path: str) -> None:
-        if mode == "fp8-device":
-            q, scales = quantize_tensor_to_fp8(rows)
+        if mode in ("fp8-device", "hs-quantize-on-device"):
+            q, scales = (quantize_rows if mode == "fp8-device" else quantize_tensor_to_fp8)(rows)
             host_q, _ = host_rows(q)
             host_s, ready = host_rows(scales)  # same stream: its event follows both copies
             tensors = {**hidden_states_tensors(host_q, ids), SCALES_KEY: host_s}
@@ -169,25 +173,28 @@ def main() -> None:
 
     # the two fp8 orders write the same bytes
     digests, sizes = {}, {}
-    for mode in MODES[1:]:
+    for mode in CHECKS:
         p = storage / f"check-{mode}.safetensors"
         emit(mode, cache.clone(), str(p))
         writer.drain()
         digests[mode], sizes[mode] = hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_size
-    identical = digests["fp8-host"] == digests["fp8-device"]
-    difference = None if identical else fp8_difference(storage / "check-fp8-host.safetensors",
-                                                         storage / "check-fp8-device.safetensors", cache)
+    host_file = storage / "check-fp8-host.safetensors"
+    hs_on_device = fp8_difference(host_file, storage / "check-hs-quantize-on-device.safetensors", cache)
+    if digests["fp8-host"] != digests["fp8-device"]:
+        raise SystemExit("spec-compat's device quantization does not write hs-connectors' bytes: "
+                         f"{fp8_difference(host_file, storage / 'check-fp8-device.safetensors', cache)}")
     q_ms = []
     for _ in range(5):
-        sync(); t0 = time.perf_counter(); quantize_tensor_to_fp8(cache); sync()
+        sync(); t0 = time.perf_counter(); quantize_rows(cache); sync()
         q_ms.append((time.perf_counter() - t0) * 1e3)
     for _ in range(2):
         forward()
     sync(); t0 = time.perf_counter(); forward(); fwd_ms = (time.perf_counter() - t0) * 1e3
     name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
     print(f"device {dev} ({name}), T={T} L={L} H={H}; forward {n_mm * per_mm:.1f} TFLOP {fwd_ms:.1f} ms; "
-          f"device quantize {statistics.median(q_ms):.2f} ms; file bytes {sizes}; fp8 orders byte-identical: "
-          f"{identical}" + ("" if identical else f" ({difference})"), flush=True)
+          f"device quantize {statistics.median(q_ms):.2f} ms; file bytes {sizes}; fp8 orders byte-identical "
+          f"(sha256 {digests['fp8-host'][:16]}); hs-connectors' quantize_tensor_to_fp8 on the device: {hs_on_device}",
+          flush=True)
 
     per_round: list[dict[str, float]] = []
     cpu_ms: dict[str, list[float]] = {m: [] for m in MODES[1:]}
@@ -217,7 +224,8 @@ def main() -> None:
     summary = {
         "device": name, "tokens": T, "layers": L, "hidden": H, "tflop": round(n_mm * per_mm, 1),
         "forward_ms": round(fwd_ms, 1), "device_quantize_ms": round(statistics.median(q_ms), 2),
-        "steps": args.steps, "rounds": args.rounds, "fp8_orders_byte_identical": identical, "fp8_orders_difference": difference, "sha256": digests,
+        "steps": args.steps, "rounds": args.rounds, "fp8_orders_byte_identical": True,
+        "hs_connectors_quantize_on_device_vs_host": hs_on_device, "sha256": digests,
         "file_bytes": sizes, "pcie_bytes_per_step": pcie,
         "tokens_per_s": {m: round(statistics.median(r[m] for r in per_round)) for m in MODES},
         "writer_cpu_ms_per_file": {m: round(statistics.median(v), 1) for m, v in cpu_ms.items()},

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-machine driver for issue #35 (one H100/H200, the workplace's 'cuda' image; carry .whl/).
-#   benchmarks/gpu_issue35.sh STAGE...   stages: env proof rows train
+#   benchmarks/gpu_issue35.sh STAGE...   stages: env proof fp8 rows train
 # Wheels (python 3.12, x86-64) in .whl/: speculators 0.9.0, hs-connectors 0.9.0, transformers 5.19.0 and
 # what the image lacks of speculators' requirements (benchmarks/RESULTS.md, #35, lists them).
 set -u -o pipefail
@@ -20,6 +20,8 @@ for stage in "$@"; do
       } 2>&1 | tee "$OUT/env.txt" ;;
     proof)  # the hardware proof of fused-loss-own-autotune-lists, traced and keyed like any proof run
       python3 -m pytest -p no:cacheprovider -q -rs tests/gpu/test_fused_loss.py --junitxml="$OUT/junit-fused-loss.xml" 2>&1 | tail -15 ;;
+    fp8)  # spec-compat's device quantization writes hs-connectors' bytes
+      python3 -m pytest -p no:cacheprovider -q -rs tests/gpu/test_fp8_rows_cuda.py tests/unit/test_fp8_rows.py 2>&1 | tail -5 ;;
     rows)
       python3 benchmarks/fp8_rows_gpu.py --json "$OUT/fp8_rows_gpu.json" 2>&1 | tail -12 ;;
     train)

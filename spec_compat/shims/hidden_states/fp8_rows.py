@@ -25,10 +25,12 @@ def quantize_rows(rows: Any) -> tuple[Any, Any]:
 
     fp8 = getattr(torch, "float8_e4m3fn", None)
     if fp8 is None:
-        raise RuntimeError(f"torch {torch.__version__} has no float8_e4m3fn: fp8 hidden states are unavailable")
+        raise RuntimeError(f"spec_compat[ehs-connector-module]: torch {torch.__version__} has no float8_e4m3fn: "
+                           "fp8 hidden states are unavailable")
     if not isinstance(rows, torch.Tensor) or rows.dim() < 2 or not rows.is_floating_point():
         got = f"{rows.dtype} {list(rows.shape)}" if isinstance(rows, torch.Tensor) else type(rows).__name__
-        raise ValueError(f"spec_compat: fp8 rows need a floating tensor [T, ...] of 2 or more dims, got {got}")
+        raise ValueError(f"spec_compat[ehs-connector-module]: fp8 rows need a floating tensor [T, ...] of 2 or more "
+                         f"dims, got {got}")
     x = rows.float()
     amax = x.abs().amax(dim=tuple(range(1, x.dim())), keepdim=True)
     scale = (amax / torch.full_like(amax, torch.finfo(fp8).max)).clamp(min=1e-12)

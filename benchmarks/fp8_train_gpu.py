@@ -134,6 +134,7 @@ def main() -> int:
     ap.add_argument("--deadline-s", type=float, default=560.0, help="kill a trainer this long after the start")
     ap.add_argument("--launcher", default=None)
     ap.add_argument("--skip-train", action="store_true", help="loader figures only")
+    ap.add_argument("--loader-workers", default="", help="also time the loaders alone with these worker counts (comma list)")
     ap.add_argument("extra", nargs="*", help="extra trainer flags (after --)")
     args = ap.parse_args()
     args.num_aux = len(args.target_layer_ids.split(","))
@@ -162,6 +163,14 @@ def main() -> int:
     out["loader"] = {fmt: {"batches_per_s": [round(r, 3) for r in v],
                            "tokens_per_s_median": round(statistics.median(v) * args.seq_len)} for fmt, v in rates.items()}
     out["loader"]["fp8_over_bf16"] = round(statistics.median(rates["fp8"]) / statistics.median(rates["bf16"]), 3)
+    scaling: dict[str, dict[str, float]] = {}
+    for workers in [int(w) for w in args.loader_workers.split(",") if w]:
+        a = argparse.Namespace(**vars(args))
+        a.num_workers = workers
+        scaling[str(workers)] = {fmt: round(loader_rate(dirs[fmt], fmt, a), 3) for fmt in ("fp8", "bf16")}
+        spec09.log(f"loader with {workers} workers: {scaling[str(workers)]} batches/s")
+    if scaling:
+        out["loader_batches_per_s_by_workers"] = scaling
 
     if not args.skip_train:
         runs = {}
@@ -190,7 +199,8 @@ def main() -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print("RESULT_JSON " + json.dumps({k: out.get(k) for k in (
-        "fp8_data", "loader", "train_fp8_over_bf16_step_time", "gpu_idle_waiting_for_batch")}), flush=True)
+        "fp8_data", "loader", "loader_batches_per_s_by_workers", "train_fp8_over_bf16_step_time",
+        "gpu_idle_waiting_for_batch")}), flush=True)
     return 0
 
 

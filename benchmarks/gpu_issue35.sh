@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-machine driver for issue #35 (one H100/H200, the workplace's 'cuda' image; carry .whl/).
-#   benchmarks/gpu_issue35.sh STAGE...   stages: env proof fp8 rows train
+#   benchmarks/gpu_issue35.sh STAGE...   stages: env proof fp8 rows train workers
 # Wheels (python 3.12, x86-64) in .whl/: speculators 0.9.0, hs-connectors 0.9.0, transformers 5.19.0 and
 # what the image lacks of speculators' requirements (benchmarks/RESULTS.md, #35, lists them).
 set -u -o pipefail
@@ -27,5 +27,8 @@ for stage in "$@"; do
     train)
       python3 benchmarks/fp8_train_gpu.py --num-seqs 32 --deadline-s 280 --out "$OUT/fp8_train_gpu.json" 2>&1 | grep -E '^\[spec09|RESULT_JSON|Error|error' | tail -30
       ;;
+    workers)  # the loaders alone with 2, 4, 8, 12 workers (no trainer)
+      python3 benchmarks/fp8_train_gpu.py --num-seqs 32 --skip-train --loader-rounds 1 --loader-workers 2,8,12 \
+        --out "$OUT/fp8_loader_workers.json" 2>&1 | grep -E '^\[spec09|RESULT_JSON|Error|error' | tail -20 ;;
   esac
 done

@@ -431,26 +431,32 @@ def run_trainer(args, result: dict, *, work: Path, vdir: Path, ddir: Path, t_scr
     return rc, bool(timed)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--work-dir", default="/tmp/spec09")
-    ap.add_argument("--out", default="benchmarks/results/spec09_train_h200_kimi.json")
-    ap.add_argument("--log", default=None, help="copy of the trainer's output (default: next to --out)")
+def add_run_args(ap: argparse.ArgumentParser, *, num_seqs: int, max_steps: int, deadline_s: float) -> None:
+    """The verifier, data and trainer-run options (sizes default to Kimi-K2.5's), shared with
+    ``fp8_train_gpu.py``."""
     ap.add_argument("--hidden", type=int, default=7168)
     ap.add_argument("--vocab", type=int, default=163840)
     ap.add_argument("--heads", type=int, default=4, help="tiny sizes only")
     ap.add_argument("--verifier-layers", type=int, default=61)
     ap.add_argument("--target-layer-ids", default="2,30,58")
     ap.add_argument("--draft-vocab", type=int, default=32000)
-    ap.add_argument("--num-seqs", type=int, default=64)
+    ap.add_argument("--num-seqs", type=int, default=num_seqs)
     ap.add_argument("--seq-len", type=int, default=4096)
-    ap.add_argument("--max-steps", type=int, default=50)
+    ap.add_argument("--max-steps", type=int, default=max_steps)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--ttt-steps", type=int, default=3, help="the trainer's default; only for the FLOP count")
     ap.add_argument("--peak-tflops", type=float, default=790.0)
-    ap.add_argument("--deadline-s", type=float, default=540.0,
-                    help="kill the trainer this long after this script started")
+    ap.add_argument("--deadline-s", type=float, default=deadline_s,
+                    help="kill the trainer this long after it (or this script) started")
     ap.add_argument("--launcher", default=None, help="command that runs the CLI (default: python -c PROBE)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work-dir", default="/tmp/spec09")
+    ap.add_argument("--out", default="benchmarks/results/spec09_train_h200_kimi.json")
+    ap.add_argument("--log", default=None, help="copy of the trainer's output (default: next to --out)")
+    add_run_args(ap, num_seqs=64, max_steps=50, deadline_s=540.0)
     ap.add_argument("--label", default="")
     ap.add_argument("extra", nargs="*", help="extra trainer flags (after --)")
     args = ap.parse_args()

@@ -8,13 +8,12 @@ speculators 0.9.0's ``CollateFn`` casts the rows to bf16 unscaled: silent wrong 
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from ...core.proof import Proof
 from ...core.registry import Changes, NotNeeded, Patch, register
-from ...shims.hidden_states.transfer_checks import refuse_scaled_payload
+from ...shims.hidden_states.transfer_checks import cached_file, generated_file, reads_plainly, refuse_scaled_payload
 from .. import _guards as guard
 
 TRANSFER = "hs_connectors.transfer"
@@ -46,30 +45,21 @@ class FileTransferRefusesFp8(Patch):
             raise NotNeeded("FileTransfer looks at the fp8 scales itself")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        base = module.FileTransfer
-        patch_id = self.id
-
-        def plain(instance: Any, name: str) -> bool:
-            """The instance reads with FileTransfer's own method (a subclass such as FP8Transfer that
-            overrides it post-processes the payload and is not checked)."""
-            return not any(name in vars(k) for k in type(instance).__mro__ if k is not base and issubclass(k, base))
+        base, patch_id = module.FileTransfer, self.id
 
         def get_cached(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
             sample = wrapped(*args, **kwargs)
-            if instance is None or not plain(instance, "get_cached"):
+            if instance is None or not reads_plainly(instance, base, "get_cached"):
                 return sample
             idx = args[0] if args else kwargs.get("file_idx")
-            where = str(Path(getattr(instance, "hidden_states_path", ".")) / f"hs_{idx}.safetensors")
-            return refuse_scaled_payload(sample, where, patch_id)
+            return refuse_scaled_payload(sample, cached_file(instance, idx), patch_id)
 
         def get_generated(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
             sample = wrapped(*args, **kwargs)
-            if instance is None or not plain(instance, "get_generated"):
+            if instance is None or not reads_plainly(instance, base, "get_generated"):
                 return sample
-            params = args[0] if args else kwargs.get("hs_transfer_params") or {}
-            where = str(params.get("hidden_states_path") or params.get("handle") or params) if isinstance(
-                params, dict) else str(params)
-            return refuse_scaled_payload(sample, where, patch_id)
+            params = args[0] if args else kwargs.get("hs_transfer_params")
+            return refuse_scaled_payload(sample, generated_file(params), patch_id)
 
         changes.wrap(base, "get_cached", get_cached)
         changes.wrap(base, "get_generated", get_generated)

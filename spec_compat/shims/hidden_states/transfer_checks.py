@@ -9,6 +9,7 @@ its token's scale) and nothing fails.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 #: hs-connectors 0.9.0's key for the per-token scales of an fp8 payload
@@ -37,3 +38,21 @@ def refuse_scaled_payload(sample: Any, where: str, patch_id: str) -> Any:
             f"({why}); the trainer reads them with the 'file' backend, which would use the fp8 values without "
             "their scales. Read them with --hidden-states-backend fp8 (the backend the server was started with).")
     return sample
+
+
+def reads_plainly(instance: Any, base: type, name: str) -> bool:
+    """``instance`` reads with ``base``'s own ``name`` method: no subclass between them overrides it
+    (hs-connectors' ``FP8Transfer`` overrides both reads and dequantizes; it is not checked)."""
+    return not any(name in vars(k) for k in type(instance).__mro__ if k is not base and issubclass(k, base))
+
+
+def cached_file(instance: Any, file_idx: Any) -> str:
+    """The file ``FileTransfer.get_cached(file_idx)`` read."""
+    return str(Path(getattr(instance, "hidden_states_path", ".")) / f"hs_{file_idx}.safetensors")
+
+
+def generated_file(params: Any) -> str:
+    """What ``FileTransfer.get_generated(params)`` read: the server's path, else its handle."""
+    if isinstance(params, dict):
+        return str(params.get("hidden_states_path") or params.get("handle") or params)
+    return str(params)

@@ -25,10 +25,10 @@ def master_address(kv_transfer_config: Any) -> str | None:
     module = getattr(kv_transfer_config, "kv_connector_module_path", None)
     if connector != MOONCAKE_CONNECTOR and module != MOONCAKE_MODULE:
         return None
-    extra = getattr(kv_transfer_config, "kv_connector_extra_config", None) or {}
+    extra = getattr(kv_transfer_config, "kv_connector_extra_config", None)
     mooncake = extra.get("mooncake") if isinstance(extra, dict) else None
-    address = (mooncake or {}).get("master_server_address", DEFAULT_MASTER) if isinstance(mooncake or {}, dict) else None
-    return str(address) if address is not None else DEFAULT_MASTER
+    address = mooncake.get("master_server_address") if isinstance(mooncake, dict) else None
+    return str(address or DEFAULT_MASTER)
 
 
 def unreachable(address: str, timeout: float = 3.0) -> str | None:

@@ -25,3 +25,4 @@ from .hidden_states import cache_group, host_streams  # noqa: F401
 from .native_cpu import dist_alias, connector_host_copy  # noqa: F401
 from .extraction import kimi_tokenizer, offline_checks  # noqa: F401
 from .hidden_states import transfer_checks, master_check  # noqa: F401
+from .serving import published_heads, head_convert  # noqa: F401

@@ -101,6 +101,17 @@ CELLS: dict[str, Cell] = {
                 ("tests/engine/test_serving.py::test_demo_draft_serves_losslessly[kimi-k25]",
                  "Kimi-K2.5 draft served by vLLM 0.16 (194 s here): CI serves the stock 0.9 Kimi-K2.5 draft in "
                  "spec0.9.0-vllm0.16.0 (test_stock_pipeline_draft_serves_losslessly[kimi-k25]); matrix/run records this"),
+                # published heads (#34): CI serves the MLA head and a pruned-vocabulary Llama-style head on
+                # the Kimi-K2.5 fixture (its DeepSeek-V3 backbone: every S1 serving patch)
+                ("tests/engine/test_serving.py::test_deepseek_v3_target_serves_losslessly",
+                 "a plain DeepSeek-V3 target serving an untrained draft (54 s): CI serves two published heads on "
+                 "the Kimi-K2.5 fixture's DeepSeek-V3 backbone in test_published_heads.py; matrix/run records this"),
+                ("tests/engine/test_published_heads.py::test_converted_head_serves_losslessly",
+                 "a head through stock speculators convert, served (speculators' format, which CI serves in "
+                 "spec0.9.0-vllm0.16.0): matrix/run records it; convert-draft-vocab-from-head's proof converts"),
+                ("tests/engine/test_published_heads.py::test_aux_ids_convention_override",
+                 "SPEC_COMPAT_AUX_IDS=input on an 8-layer target (one engine start): CI checks the convention the "
+                 "MLA head's log names; matrix/run records the override and the malformed value"),
             ),
         ),
         Cell(
@@ -161,6 +172,9 @@ CELLS: dict[str, Cell] = {
                   for t in ("test_the_engine_runs_the_gpu_block_size", "test_rows_equal_the_reference_with_64_token_blocks")),
                 WALKTHROUGH_ELSEWHERE,
                 KIMI_FULL_REGISTRY_ELSEWHERE,
+                ("tests/engine/test_published_heads.py",
+                 "published EAGLE-3 heads served by vLLM 0.16 (spec-compat's serving patches, no speculators code "
+                 "but convert's): the 0.3 cell, same vLLM"),
             ),
         ),
         Cell(
@@ -262,6 +276,9 @@ CELLS: dict[str, Cell] = {
                          ("tests/server/test_mooncake_restart.py",
                           "a Mooncake extraction server killed and restarted mid-run (three server starts, ~200 s): "
                           "matrix/run records it"),
+                         ("tests/server/test_head_conventions.py",
+                          "the trained Kimi-K2.5 draft as an SGLang-convention head (the pipeline again plus three "
+                          "serving runs): matrix/run records it; CI checks the convention in test_published_heads.py"),
                          *((f"tests/server/test_mooncake.py::{t}[kimi-k25]",
                             "hs-connectors' Mooncake backend on Kimi-K2.5: the connector path CI runs on Llama (one more "
                             "server and training run, ~130 s); matrix/run records it")

@@ -1,11 +1,11 @@
-"""Aux-layer id conventions with a trained head: the Kimi-K2.5 draft stock speculators 0.9 trains in
-this cell's pipeline (ids 1, 2, 3: inputs of those layers, vLLM's convention) written again as an
+"""Aux-layer id conventions with a trained head: the drafts stock speculators 0.9 trains in this cell's
+pipeline (ids 1, 2, 3: inputs of those layers, vLLM's convention) written again as an
 SGLang / TorchSpec head (``LlamaForCausalLMEagle3``, ``midlayer.*`` weights, the same layers named
 as outputs of 0, 1, 2 in ``eagle_config``).  Served through spec-compat, the SGLang head accepts
 exactly what the speculators head accepts; read in the other convention (``SPEC_COMPAT_AUX_IDS=input``:
 inputs of 0, 1, 2) the same weights see other layers and acceptance drops.
 
-The pipeline (prepare-data, a server's extraction, 4 epochs of training) runs again in this module:
+The pipeline (prepare-data, a server's extraction, training) runs again in this module:
 ``matrix/run`` records it, CI does not run it (test_published_heads.py covers the convention there).
 """
 
@@ -67,12 +67,16 @@ def _evaluate(model: Path, draft: Path, prompts: Path, convention: str | None = 
     return proc, (json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None)
 
 
-def test_sglang_convention_head_accepts_as_its_speculators_twin(pipeline, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("fixture", ["llama", "kimi-k25"])
+def test_sglang_convention_head_accepts_as_its_speculators_twin(pipeline, tmp_path, fixture):  # noqa: F811
+    """Both numbers per fixture.  The drop is asserted on Llama; the Kimi-K2.5 fixture's draft (4 epochs,
+    acceptance rate 0.137 when recorded) was measured to accept as much when it reads layers 0, 1, 2
+    as 1, 2, 3: it gets its few accepted tokens without the layers it was trained on."""
     from spec_compat.cli.evaluate import serving_unsupported
 
     if serving_unsupported():
         pytest.skip(serving_unsupported())
-    p = pipeline("kimi-k25")
+    p = pipeline(fixture)
     proc, ref = p["evaluate"]
     _check_served(ref, proc)
     head = tmp_path / "sglang-head"
@@ -83,13 +87,16 @@ def test_sglang_convention_head_accepts_as_its_speculators_twin(pipeline, tmp_pa
         in proc.stderr, proc.stderr[-3000:]
     proc, other = _evaluate(p["model"], head, p["prompts"], convention="input")
     _check_served(other, proc)
-    print(f"Kimi-K2.5 draft, k={K}: speculators format {ref['acceptance_rate']:.3f} (mean acceptance length "
+    assert "assumed convention 'input'" in proc.stderr and "serving the inputs of target layers [0, 1, 2]" \
+        in proc.stderr, proc.stderr[-3000:]
+    print(f"{fixture} draft, k={K}: speculators format {ref['acceptance_rate']:.3f} (mean acceptance length "
           f"{ref['mean_acceptance_length']:.3f}); as an SGLang head, output convention {own['acceptance_rate']:.3f} "
           f"({own['mean_acceptance_length']:.3f}); read as input convention {other['acceptance_rate']:.3f} "
           f"({other['mean_acceptance_length']:.3f})")
-    # the same weights on the same layers: the same drafts, token for token
+    # the same weights on the same layers: the same accepted tokens at each position
     assert (own["accepted_tokens"], own["per_position_accepted"]) == (ref["accepted_tokens"],
                                                                      ref["per_position_accepted"]), (own, ref)
-    assert ref["accepted_tokens"] >= 20, ref  # a trained draft: enough accepted tokens to see a drop
-    assert other["acceptance_rate"] <= 0.8 * ref["acceptance_rate"], (other, ref)
+    if fixture == "llama":
+        assert ref["accepted_tokens"] >= 20, ref  # a trained draft: enough accepted tokens to see a drop
+        assert other["acceptance_rate"] <= 0.8 * ref["acceptance_rate"], (other, ref)
     shutil.rmtree(head)

@@ -173,6 +173,8 @@ class Eagle3KimiK25Delegation(Patch):
     target = "vllm.model_executor.models.kimi_k25:KimiK25ForConditionalGeneration"
     requires = {"vllm": VLLM_S1}
     side = "worker"
+    # on vLLM 0.15 kimi-k25-device-without-cuda wraps the same __init__ (the S1 wrapper goes outside it)
+    after = ("kimi-k25-device-without-cuda",)
 
     def check(self, module: ModuleType) -> None:
         cls = guard.attr(module, "KimiK25ForConditionalGeneration")

@@ -106,6 +106,9 @@ CELLS: dict[str, Cell] = {
                 ("tests/engine/test_serving.py::test_deepseek_v3_target_serves_losslessly",
                  "a plain DeepSeek-V3 target serving an untrained draft (54 s): CI serves two published heads on "
                  "the Kimi-K2.5 fixture's DeepSeek-V3 backbone in test_published_heads.py; matrix/run records this"),
+                ("tests/engine/test_published_heads.py::test_unfit_heads_are_refused_naming_both_sides",
+                 "unfit heads refused through vLLM's config and vllm serve (38 s): CI checks the fit rules in "
+                 "tests/unit/test_draft_heads.py on real head files; matrix/run records the engine-side refusals"),
                 ("tests/engine/test_published_heads.py::test_converted_head_serves_losslessly",
                  "a head through stock speculators convert, served (speculators' format, which CI serves in "
                  "spec0.9.0-vllm0.16.0): matrix/run records it; convert-draft-vocab-from-head's proof converts"),

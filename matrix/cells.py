@@ -106,6 +106,9 @@ CELLS: dict[str, Cell] = {
                 ("tests/engine/test_serving.py::test_deepseek_v3_target_serves_losslessly",
                  "a plain DeepSeek-V3 target serving an untrained draft (54 s): CI serves two published heads on "
                  "the Kimi-K2.5 fixture's DeepSeek-V3 backbone in test_published_heads.py; matrix/run records this"),
+                ("tests/engine/test_heads_compared.py",
+                 "every published head format on both fixtures (two comparisons, ten engine starts): matrix/run "
+                 "records it; CI serves two heads on Kimi-K2.5 in test_published_heads.py"),
                 ("tests/engine/test_published_heads.py::test_unfit_heads_are_refused_naming_both_sides",
                  "unfit heads refused through vLLM's config and vllm serve (38 s): CI checks the fit rules in "
                  "tests/unit/test_draft_heads.py on real head files; matrix/run records the engine-side refusals"),
@@ -175,6 +178,7 @@ CELLS: dict[str, Cell] = {
                   for t in ("test_the_engine_runs_the_gpu_block_size", "test_rows_equal_the_reference_with_64_token_blocks")),
                 WALKTHROUGH_ELSEWHERE,
                 KIMI_FULL_REGISTRY_ELSEWHERE,
+                ("tests/engine/test_heads_compared.py", "published heads on vLLM 0.16: the 0.3 cell, same vLLM"),
                 ("tests/engine/test_published_heads.py",
                  "published EAGLE-3 heads served by vLLM 0.16 (spec-compat's serving patches, no speculators code "
                  "but convert's): the 0.3 cell, same vLLM"),

@@ -147,7 +147,12 @@ def fit_problems(draft: Any, shapes: Mapping[str, tuple[int, ...]], *, target_hi
     head = _find(shapes, "lm_head.weight")
     if head is not None and len(head[1]) == 2 and head[1][0] != draft_vocab:
         problems.append(f"the draft's lm_head has {head[1][0]} rows, its draft vocabulary is {draft_vocab}")
-    if ids:
+    if ids and convention == "default":
+        if len(set(ids)) != len(ids):  # vLLM's (2, N//2, N-3) on a target under 7 layers
+            problems.append(f"the draft names no aux layer ids and vLLM's default for a {target_layers}-layer target, "
+                            f"{tuple(ids)}, repeats a layer (fewer features than the draft's fc reads): name "
+                            f"{n_aux} distinct ids in the draft's config ({KEY}, vLLM's convention)")
+    elif ids:
         bad = [i for i in ids if not 0 <= i < target_layers]
         if bad:
             problems.append(f"the draft's aux layer ids {list(ids)} (as served: {convention} convention) include "
@@ -156,3 +161,8 @@ def fit_problems(draft: Any, shapes: Mapping[str, tuple[int, ...]], *, target_hi
         if len(set(ids)) != len(ids):
             problems.append(f"the draft's aux layer ids {list(ids)} repeat a layer")
     return problems
+
+
+def vllm_default_ids(num_layers: int) -> tuple[int, ...]:
+    """vLLM's own default aux layers (its Llama-family models): ``(2, N // 2, N - 3)``."""
+    return (2, num_layers // 2, num_layers - 3)

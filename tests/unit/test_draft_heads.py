@@ -124,3 +124,16 @@ def test_not_a_safetensors_file(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{oops")
     with pytest.raises(dh.DraftFitError, match=r"unreadable safetensors header"):
         dh.tensor_shapes(tmp_path)
+
+
+def test_a_head_without_ids_on_a_shallow_target(tmp_path):
+    """vLLM's own default (2, N//2, N-3) repeats a layer under 7 layers: fewer features than fc reads."""
+    head = build_head("torchspec-eagle3", tmp_path / "h")
+    cfg, shapes = _cfg(head), dh.tensor_shapes(head)
+    assert dh.vllm_default_ids(4) == (2, 2, 1) and dh.vllm_default_ids(61) == (2, 30, 58)
+    got = dh.fit_problems(cfg, shapes, ids=dh.vllm_default_ids(4), convention="default", **KIMI)
+    assert got == ["the draft names no aux layer ids and vLLM's default for a 4-layer target, (2, 2, 1), repeats a "
+                   "layer (fewer features than the draft's fc reads): name 3 distinct ids in the draft's config "
+                   "(eagle_aux_hidden_state_layer_ids, vLLM's convention)"]
+    deep = dict(KIMI, target_layers=8)
+    assert dh.fit_problems(cfg, shapes, ids=dh.vllm_default_ids(8), convention="default", **deep) == []

@@ -145,6 +145,21 @@ def _apply_convention(spec: Any, override: str) -> None:
     setattr(cfg, KEY, list(ids))
 
 
+#: targets whose aux states the S1 collector gathers (its own distinct defaults, eagle3_deepseek.py)
+S1_TARGETS = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration")
+
+
+def _default_ids(spec: Any, layers: int) -> tuple[int, ...] | None:
+    """The layers served to a draft that names none: the S1 collector's defaults on DeepSeek / Kimi
+    targets (distinct), vLLM's ``(2, N//2, N-3)`` on its own models."""
+    from ...shims.draft_heads import vllm_default_ids
+
+    archs = list(getattr(spec.target_model_config, "architectures", None) or [])
+    if any(a in S1_TARGETS for a in archs):
+        return None  # distinct by construction (aux_states.default_aux_layers)
+    return vllm_default_ids(layers)
+
+
 def _check_fit(spec: Any) -> None:
     from ...shims.draft_heads import KEY, DraftFitError, fit_problems, tensor_shapes
 
@@ -152,10 +167,10 @@ def _check_fit(spec: Any) -> None:
     draft_dir = spec.draft_model_config.model
     # the ids vLLM serves: top-level (eagle3-aux-ids-convention put them there in vLLM's convention)
     top = vars(spec.draft_model_config.hf_config).get(KEY)
-    ids = tuple(top) if top else None
+    ids, convention = (tuple(top), "input") if top else (_default_ids(spec, layers), "default")
     shapes = tensor_shapes(draft_dir) if os.path.isdir(draft_dir) else {}
     problems = fit_problems(spec.draft_model_config.hf_config, shapes, target_hidden=hidden, target_vocab=vocab,
-                            target_layers=layers, ids=ids, convention="input")
+                            target_layers=layers, ids=ids, convention=convention)
     if problems:
         target = spec.target_model_config.model
         raise DraftFitError(f"spec_compat[eagle3-draft-fits-target]: the EAGLE-3 draft {draft_dir} does not fit the target "

@@ -26,8 +26,6 @@ from typing import Any
 
 KEY = "eagle_aux_hidden_state_layer_ids"
 VAR = "SPEC_COMPAT_AUX_IDS"
-CONVENTION_PATCH = "eagle3-aux-ids-convention"
-FIT_PATCH = "eagle3-draft-fits-target"
 CONVENTIONS = {
     "input": "vLLM / speculators: id i = input of decoder layer i",
     "output": "SGLang / TorchSpec / SpecForge: id i = output of decoder layer i = input of layer i + 1",

@@ -33,7 +33,6 @@ from vllm.model_executor.models.utils import get_draft_quant_config, maybe_prefi
 from .eagle3_norms import add_input_norms, fed_back, normed_aux_states
 from .draft_heads import aux_count
 
-PATCH_ID = "eagle3-mla-draft-head"
 #: checkpoint name -> (vLLM parameter, shard) for the MLP's fused gate/up projection
 _STACKED = ((".gate_proj", ".gate_up_proj", 0), (".up_proj", ".gate_up_proj", 1))
 

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from test_published_heads import (LLAMA_HEAD, MLA, PRUNED, _compare, _convert, _has_convert,  # noqa: F401
-                                  _serving_here, head_dir)
+                                  _serving_here, _variant, head_dir)
 from test_serving import assert_consistent
 
 pytestmark = pytest.mark.engine
@@ -20,13 +20,7 @@ pytestmark = pytest.mark.engine
 
 def _with_ids(src, dst):
     """The head with SGLang-convention ids for the 4-layer fixtures (outputs of 0, 1, 2)."""
-    import shutil
-
-    shutil.copytree(src, dst)
-    cfg = json.loads((dst / "config.json").read_text())
-    cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}
-    (dst / "config.json").write_text(json.dumps(cfg))
-    return dst
+    return _variant(src, dst, lambda c: c.update(eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}))
 
 
 @pytest.mark.parametrize("target", ["kimi-k25", "llama"])

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -71,11 +70,6 @@ def _compare(target: Path, *drafts: Path, extra: tuple[str, ...] = ()) -> tuple[
     proc = subprocess.run([sys.executable, "-m", "spec_compat.cli.compare_drafts", "--target", str(target), *args,
                            "--json", *extra], env=env, capture_output=True, text=True, timeout=1500, cwd=str(ROOT))
     return proc, (json.loads(proc.stdout) if proc.returncode == 0 else None)
-
-
-def _served_line(proc) -> str | None:
-    m = re.search(r"spec_compat\[eagle3-aux-ids-convention\]: [^\n]*", proc.stderr)
-    return m.group(0) if m else None
 
 
 def test_published_heads_serve_losslessly(fixture_dir, head_dir):

@@ -179,6 +179,10 @@ CELLS: dict[str, Cell] = {
                 WALKTHROUGH_ELSEWHERE,
                 KIMI_FULL_REGISTRY_ELSEWHERE,
                 ("tests/engine/test_heads_compared.py", "published heads on vLLM 0.16: the 0.3 cell, same vLLM"),
+                # vLLM's extraction API backport (ehs-*, scoped by vLLM alone; no speculators code runs):
+                # the same file, same vLLM, runs in the 0.3 cell (~245 s here, measured 12-05)
+                ("tests/engine/test_extract_hidden_states.py",
+                 "vLLM 0.16's extract_hidden_states backport (spec-compat and vLLM only): the 0.3 cell, same vLLM"),
                 ("tests/engine/test_published_heads.py",
                  "published EAGLE-3 heads served by vLLM 0.16 (spec-compat's serving patches, no speculators code "
                  "but convert's): the 0.3 cell, same vLLM"),

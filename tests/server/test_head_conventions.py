@@ -20,38 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from sglang_head import as_sglang_head
 from test_speculators_pipeline import EVAL_TOKENS, K, _check_served, client_version, pipeline  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
-
-#: LlamaConfig keys an SGLang / TorchSpec head config carries (TorchSpec's kimi_k25_eagle3.json)
-_LLAMA_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-               "hidden_act", "rms_norm_eps", "rope_theta", "rope_scaling", "max_position_embeddings", "vocab_size",
-               "attention_bias", "bos_token_id", "eos_token_id")
-
-
-def as_sglang_head(draft: Path, out: Path) -> list[int]:
-    """The speculators-format ``draft`` as an SGLang / TorchSpec head; returns its eagle_config ids."""
-    from safetensors.torch import load_file, save_file
-
-    cfg = json.loads((draft / "config.json").read_text())
-    layer = cfg["transformer_layer_config"]
-    ids = [i - 1 for i in cfg["eagle_aux_hidden_state_layer_ids"]]  # input of layer i = output of layer i - 1
-    head = {k: layer[k] for k in _LLAMA_KEYS if k in layer}
-    head.update(architectures=["LlamaForCausalLMEagle3"], model_type="llama", num_hidden_layers=1,
-                tie_word_embeddings=False, draft_vocab_size=cfg["draft_vocab_size"],
-                eagle_config={"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True})
-    # the norms speculators 0.9 trained with (TorchSpec heads carry fc_norm / norm_output the same way)
-    head.update({k: cfg[k] for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual") if k in cfg})
-    out.mkdir(parents=True)
-    tensors = {}
-    for f in sorted(draft.glob("*.safetensors")):
-        for name, t in load_file(str(f)).items():
-            if not name.startswith("verifier_"):
-                tensors[name.replace("layers.0.", "midlayer.")] = t
-    save_file(tensors, str(out / "model.safetensors"))
-    (out / "config.json").write_text(json.dumps(head, indent=2))
-    return ids
 
 
 def _evaluate(model: Path, draft: Path, prompts: Path, convention: str | None = None):

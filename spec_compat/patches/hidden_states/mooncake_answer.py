@@ -1,0 +1,95 @@
+"""A Mooncake extraction is answered once its sample is in the store (hs-connectors 0.9 on the
+vLLM 0.15/0.16 backport).
+
+hs-connectors 0.9.0's Mooncake connector puts a sample after its request has been answered: with the
+master killed mid-run the put fails ('Mooncake put_from failed ... status=-900'), the error marker
+cannot be published either, and the client got HTTP 200 with the handle of a sample no store holds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+
+from ...core.proof import Proof
+from ...core.registry import Changes, Patch, register
+from .. import _guards as guard
+from . import VLLM_WITHOUT_EHS
+
+log = logging.getLogger("spec_compat")
+
+PID = "mooncake-answer-after-put"
+PROOF = "tests/server/test_mooncake_master_killed.py::test_answers_unstored_samples_only_without_this_patch"
+
+#: one watch per store configuration in this process (an API server serves one)
+_WATCHES: dict[str, Any] = {}
+_LOCK = threading.Lock()
+
+
+def _watch(instance: Any) -> Any:
+    """The StoreWatch of the store the server's connector puts into (None: not hs-connectors' Mooncake
+    connector).  The shim is imported here, at the first Mooncake answer, not with the registry."""
+    from ...shims.hidden_states.mooncake_answer import StoreWatch, mooncake_settings
+
+    engine = getattr(instance, "engine_client", None)
+    config = getattr(getattr(engine, "vllm_config", None), "kv_transfer_config", None)
+    settings = mooncake_settings(config)
+    if settings is None:
+        return None
+    key = json.dumps(settings, sort_keys=True, default=str)
+    with _LOCK:
+        if key not in _WATCHES:
+            _WATCHES[key] = StoreWatch(settings, PID)
+        return _WATCHES[key]
+
+
+async def _create_completion(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    result = await wrapped(*args, **kwargs)
+    params = getattr(result, "kv_transfer_params", None)
+    # a Mooncake answer: the transfer manifest (its handle and tensor layout), nothing else
+    if not (isinstance(params, Mapping) and isinstance(params.get("handle"), str) and "tensors" in params):
+        return result
+    watch = _watch(instance)
+    if watch is None:
+        return result
+    handle = params["handle"]
+    answer = await watch.wait_stored(handle)
+    if answer is None:
+        return result
+    from http import HTTPStatus
+
+    log.warning("spec_compat[%s]: HTTP %d: %s", PID, answer.status, answer.message)
+    return instance.create_error_response(answer.message, err_type=answer.err_type,
+                                          status_code=HTTPStatus(answer.status))
+
+
+@register
+class MooncakeAnswerAfterPut(Patch):
+    """hs-connectors 0.9.0 Mooncake connector: the answer (HTTP 200, the handle) precedes the put; a
+    put that fails (master killed, store full) leaves the client a handle of a sample no store holds."""
+
+    id = PID
+    proof = Proof("wrong-values", PROOF, r"HTTP 200 with the handle of a sample the store does not hold")
+    summary = ("/v1/completions answers a Mooncake extraction once its sample is in the store: HTTP 503 naming "
+               "the master when the store does not answer (clients retry), 500 with the worker's error marker, "
+               "504 after 30 s; not 200 with the handle of a sample that was never stored")
+    upstream = ("hs-connectors 0.9.0 MooncakeHiddenStatesConnector: request_finished answers with the handle, "
+                "_write_sample puts later on a worker thread; a failed put is only logged")
+    target = "vllm.entrypoints.openai.completion.serving:OpenAIServingCompletion"
+    requires = {"vllm": VLLM_WITHOUT_EHS, "hs-connectors": ">=0.9,<0.10"}
+    after = ("ehs-write-error-status",)
+    side = "server"
+
+    def check(self, module: ModuleType) -> None:
+        cls = guard.attr(module, "OpenAIServingCompletion")
+        guard.exact_params(cls.create_completion, "OpenAIServingCompletion.create_completion",
+                           "self", "request", "raw_request")
+        guard.has_params(cls.create_error_response, "OpenAIServingCompletion.create_error_response",
+                         "message", "err_type", "status_code")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        changes.wrap(module.OpenAIServingCompletion, "create_completion", _create_completion)

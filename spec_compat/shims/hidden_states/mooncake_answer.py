@@ -1,0 +1,161 @@
+"""The HTTP answer of a Mooncake extraction request, sent once its sample is in the store.
+
+hs-connectors 0.9.0's Mooncake connector answers with the sample's handle when the request
+finishes and puts the sample into the store afterwards, on a thread of the worker.  When the put
+fails (the master died, the store is full) the worker logs it and publishes an error marker
+(``<handle>:error``) if it still can; the answer was HTTP 200 either way, and a client only finds
+out when it reads.  Here the API server waits for the sample -- or its marker -- with a Mooncake
+client of its own (no segment: it stores nothing) before answering, and answers an error
+naming the store when the sample is not there:
+
+* the master does not answer: 503, so the client retries (a restarted master is found again by
+  every client within seconds; what the dead one held is gone);
+* the worker's error marker: 500 with its message;
+* neither within :data:`STORED_WAIT_S` (30 s): 504.
+
+Pure Python apart from :func:`open_store` (imports Mooncake's client, lazily).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from .http_errors import ErrorAnswer
+from .mooncake_master import DEFAULT_MASTER, MOONCAKE_CONNECTOR, MOONCAKE_MODULE
+
+#: how long an answer waits for its sample: a put is a memory copy, milliseconds unless the worker's
+#: write threads are queued (a 235 MB Kimi-K2.5 sample at 4k tokens: ~0.25 s over local TCP).  Below
+#: common client timeouts (speculators' tests use 60 s), so the client reads why.  A put that failed
+#: while the master was down but is looked for only after a restarted master answers (which knows
+#: nothing of it) ends here too: neither the sample nor its marker ever comes.
+STORED_WAIT_S = 30.0
+#: how long the API server's own client may take to join the store (Mooncake's setup retries a
+#: master that does not answer for ~90 s)
+SETUP_WAIT_S = 10.0
+#: a local buffer for reading error markers (the API server reads nothing else)
+LOCAL_BUFFER = 16 * 1024 * 1024
+_POLL_MIN_S, _POLL_MAX_S = 0.0005, 0.02
+#: Mooncake's status codes a failed put reports, in words (mooncake-transfer-engine 0.3.13)
+STATUS_MEANING = {-200: ("no space left in the store's mounted segments (the store is full, or a restarted master "
+                         "has no segment mounted yet)"),
+                  -900: "the master does not answer (RPC failed)"}
+
+
+def explain(message: str) -> str:
+    """``message`` with the meaning of the Mooncake status code it ends with, where known."""
+    for code, meaning in STATUS_MEANING.items():
+        if message.rstrip().endswith(f"status={code}"):
+            return f"{message}: {meaning}"
+    return message
+
+
+def mooncake_settings(kv_transfer_config: Any) -> dict[str, Any] | None:
+    """``kv_connector_extra_config["mooncake"]`` of a configuration for hs-connectors' Mooncake
+    connector (an empty dict when it names none); None for any other connector."""
+    connector = getattr(kv_transfer_config, "kv_connector", None)
+    module = getattr(kv_transfer_config, "kv_connector_module_path", None)
+    if connector != MOONCAKE_CONNECTOR and module != MOONCAKE_MODULE:
+        return None
+    extra = getattr(kv_transfer_config, "kv_connector_extra_config", None)
+    mooncake = extra.get("mooncake") if isinstance(extra, Mapping) else None
+    return dict(mooncake) if isinstance(mooncake, Mapping) else {}
+
+
+def open_store(settings: Mapping[str, Any], patch_id: str) -> Any:
+    """A Mooncake client joined to the configured master, with no segment of its own."""
+    from mooncake.store import MooncakeDistributedStore  # type: ignore[import-not-found]
+
+    store = MooncakeDistributedStore()
+    status = store.setup(str(settings.get("local_hostname", "localhost")),
+                         str(settings.get("metadata_server", "P2PHANDSHAKE")), 0, LOCAL_BUFFER,
+                         str(settings.get("protocol", "tcp")), str(settings.get("device_name", "")),
+                         master(settings))
+    if status != 0:
+        raise RuntimeError(f"spec_compat[{patch_id}]: Mooncake's client setup returned status {status}")
+    return store
+
+
+def master(settings: Mapping[str, Any]) -> str:
+    return str(settings.get("master_server_address") or DEFAULT_MASTER)
+
+
+class StoreWatch:
+    """Waits for samples in one store.  Every call to Mooncake's client runs on one thread of its
+    own (a call can block for seconds while the master is gone); the client joins at first use."""
+
+    def __init__(self, settings: Mapping[str, Any], patch_id: str,
+                 opener: Callable[[Mapping[str, Any], str], Any] = open_store) -> None:
+        self.settings = dict(settings)
+        self.patch_id = patch_id
+        self._opener = opener
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="spec-compat-mooncake")
+        self._lock = threading.Lock()
+        self._store: Any = None
+        self._setup: Any = None
+
+    def _name(self) -> str:
+        return f"the Mooncake store (master {master(self.settings)})"
+
+    async def _client(self) -> Any:
+        with self._lock:
+            if self._store is not None:
+                return self._store
+            if self._setup is None or (self._setup.done() and self._setup.exception() is not None):
+                self._setup = self._pool.submit(self._opener, self.settings, self.patch_id)
+            setup = self._setup
+        result = await asyncio.wait_for(asyncio.wrap_future(setup), SETUP_WAIT_S)
+        with self._lock:
+            self._store = result
+        return result
+
+    def _look(self, handle: str) -> tuple[int, int, str | None]:
+        """(is_exist of the marker, is_exist of the sample, the marker's message if present)."""
+        store = self._store
+        marker = store.is_exist(handle + ":error")
+        if marker == 1:
+            raw = store.get(handle + ":error")
+            try:
+                message = json.loads(bytes(raw).decode("utf-8")).get("error")
+            except (ValueError, AttributeError):
+                message = None
+            return marker, 0, str(message or raw)
+        return marker, store.is_exist(handle), None
+
+    async def wait_stored(self, handle: str, timeout: float = STORED_WAIT_S) -> ErrorAnswer | None:
+        """None once ``handle`` is in the store; the error answer when it cannot be."""
+        try:
+            await self._client()
+        except (Exception, asyncio.TimeoutError) as exc:  # noqa: BLE001 -- any failure to join is the answer
+            text = str(exc).removeprefix(f"spec_compat[{self.patch_id}]: ")
+            why = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+            return ErrorAnswer(503, "ServiceUnavailableError",
+                               f"spec_compat[{self.patch_id}]: {self._name()} cannot be reached ({why}); sample "
+                               f"{handle} is not known to be stored. Retry once the master is back.")
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + timeout
+        pause = _POLL_MIN_S
+        while True:
+            marker, sample, message = await loop.run_in_executor(self._pool, self._look, handle)
+            if marker == 1:
+                return ErrorAnswer(500, "InternalServerError",
+                                   f"spec_compat[{self.patch_id}]: the server could not put sample {handle} into "
+                                   f"{self._name()}: {explain(str(message))}")
+            if sample == 1:
+                return None
+            if marker < 0 or sample < 0:
+                return ErrorAnswer(503, "ServiceUnavailableError",
+                                   f"spec_compat[{self.patch_id}]: {self._name()} does not answer (status "
+                                   f"{min(marker, sample)}); sample {handle} is not stored. Retry once the master "
+                                   "is back.")
+            if time.monotonic() >= deadline:
+                return ErrorAnswer(504, "GatewayTimeoutError",
+                                   f"spec_compat[{self.patch_id}]: sample {handle} is not in {self._name()} "
+                                   f"{timeout:g} s after its request finished (see the server log)")
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _POLL_MAX_S)

@@ -4,7 +4,8 @@
 The client sends the rows over both servers, four in flight, each a full round trip as
 ``speculators train --on-missing generate`` makes it: speculators' request (``generate_hidden_states``,
 retried with its backoff) and hs-connectors' reader (``MooncakeTransfer.get_generated``); a round
-trip that fails after its answer (the sample lived in the dead server's segment) is made again.
+trip that fails after its answer (the sample lived in the dead server's segment) is made again; a
+sample read, then not removed because the store went away, counts as read.
 Once a third of the rows are back, the second server's process tree is killed (SIGKILL) and the
 server is started again on the same port.
 
@@ -53,7 +54,10 @@ def one(i):
             print(f"row {i}: round trip {round_trip} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
             continue
         save_file({k: v.contiguous() for k, v in sample.items()}, f"{job['out']}/hs_{i}.safetensors")
-        transfer.delete(handle)
+        try:
+            transfer.delete(handle)
+        except Exception as exc:  # read already; a master that died since took it with it
+            print(f"row {i}: delete failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return {"row": i, "handle": handle, "endpoint": i % len(clients), "round_trips": attempts, "at": time.time()}
     raise RuntimeError(f"row {i}: no sample after {attempts} round trips")
 with ThreadPoolExecutor(4) as pool:

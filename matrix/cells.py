@@ -287,6 +287,11 @@ CELLS: dict[str, Cell] = {
                          ("tests/server/test_mooncake_restart.py",
                           "a Mooncake extraction server killed and restarted mid-run (three server starts, ~200 s): "
                           "matrix/run records it"),
+                         ("tests/server/test_mooncake_master_killed.py::"
+                          "test_every_sample_arrives_once_when_the_master_dies_and_comes_back",
+                          "80 rows through a server whose Mooncake master is killed and restarted (one server start, "
+                          "~120 s with the clients' retries): matrix/run records it; CI runs the full-store test and "
+                          "the proof (a request while the master is dead) when its inputs change"),
                          ("tests/server/test_head_conventions.py",
                           "the trained Kimi-K2.5 draft as an SGLang-convention head (the pipeline again plus three "
                           "serving runs): matrix/run records it; CI checks the convention in test_published_heads.py"),

@@ -15,7 +15,7 @@ by vLLM 0.16 through spec-compat, greedy, k = 3, every run checked lossless:
 
 usage (inside a matrix cell with speculators 0.3.x and vLLM 0.16):
     python benchmarks/head_conventions.py OUT_DIR [--model kimi-k25|llama] [--layers 8] [--epochs 16]
-        [--lr 3e-3] [--json]
+        [--lr 3e-3] [--max-tokens 64] [--json]
 """
 
 from __future__ import annotations
@@ -49,14 +49,15 @@ def served(head: Path, override: str) -> list[int] | None:
     return list(ids) if ids is not None else None
 
 
-def evaluate_under(convention: str, heads: list[Path], model: Path) -> list[dict]:
+def evaluate_under(convention: str, heads: list[Path], model: Path, max_tokens: int = 64) -> list[dict]:
     """``evaluate_drafts`` with SPEC_COMPAT_AUX_IDS set (read when vLLM builds each SpeculativeConfig);
     a head spec-compat refuses (an id outside the target) becomes a row with the refusal."""
     from spec_compat.cli.compare_drafts import evaluate_drafts, spec_compat_refusal
 
     os.environ["SPEC_COMPAT_AUX_IDS"] = convention
     try:
-        return [r.as_dict() for r in evaluate_drafts(str(model), [str(h) for h in heads], k=3, max_model_len=1024)]
+        return [r.as_dict() for r in evaluate_drafts(str(model), [str(h) for h in heads], k=3, max_tokens=max_tokens,
+                                                        max_model_len=1024)]
     except Exception as exc:  # noqa: BLE001 -- a refusal is a result here
         why = spec_compat_refusal(exc)
         if why is None:
@@ -73,6 +74,7 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=8, help="llama only")
     ap.add_argument("--epochs", type=int, default=16)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--max-tokens", type=int, default=64, help="new tokens per held-out prompt")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -97,22 +99,26 @@ def main() -> int:
     rows = []
     for convention in ("auto", "input", "output"):
         group = [(name, which) for name, which, conv in VARIANTS if conv == convention]
-        results = evaluate_under(convention, [heads[w] for _, w in group], model)
+        results = evaluate_under(convention, [heads[w] for _, w in group], model, args.max_tokens)
         for (name, which), res in zip(group, results):
             rows.append({"variant": name, "head": which, "convention": convention,
                          "served_layer_inputs": served(heads[which], convention), **res})
             print(f"{name}: {res.get('mean_acceptance_length', res.get('refused'))}", file=sys.stderr)
 
     result = {"versions": {k: v for k, v in installed_versions().items() if v}, "model": args.model,
-              "layers": args.layers, "captured_layer_ids": captured.get("layer_ids"), "epochs": args.epochs,
-              "lr": args.lr, "train_s": train_s, "final_loss": sum(tr["losses"][-3:]) / 3, "rows": rows}
+              "layers": args.layers,
+              "captured_layer_ids": captured.get("layer_ids") or captured.get("hidden_states", {}).get("layer_ids"),
+              "epochs": args.epochs,
+              "lr": args.lr, "max_tokens": args.max_tokens, "train_s": train_s,
+              "final_loss": sum(tr["losses"][-3:]) / 3, "rows": rows}
     (out / "head_conventions.json").write_text(json.dumps(result, indent=2))
     if args.json:
         print(json.dumps(result))
         return 0
     print(f"{args.model} fixture, {args.layers} layers, {args.epochs} epochs, lr {args.lr}, k=3, "
-          f"16 held-out prompts x 64 tokens")
-    print("| head, read as | layer inputs served | acceptance rate | mean acceptance length | per position | lossless |")
+          f"16 held-out prompts x {args.max_tokens} tokens")
+    print("| head, read as | layer inputs served | acceptance rate | mean acceptance length | per position "
+          "| lossless |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         if "refused" in r:

@@ -46,7 +46,9 @@ def test_sglang_convention_head_accepts_as_its_speculators_twin(pipeline, tmp_pa
     the DeepSeek backbone can).  Both numbers are printed; no drop is asserted: the Kimi-K2.5 draft
     (4 epochs, 16.6 s of training) measured acceptance rate 0.137 (mean acceptance length 1.410) read
     either way, 73 accepted tokens in 531-534 drafted both times -- on this fixture it gets its few
-    accepted tokens without the layers it was trained on (#34's closing note)."""
+    accepted tokens without the layers it was trained on (#34's closing note).  A draft trained longer
+    on the same fixture (benchmarks/head_conventions.py, 16 epochs) shows the drop: mean acceptance
+    length 2.293 read as trained, 2.251 misread (benchmarks/RESULTS.md)."""
     from spec_compat.cli.evaluate import serving_unsupported
 
     if serving_unsupported():

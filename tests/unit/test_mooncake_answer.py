@@ -31,6 +31,16 @@ class Store:
     def get(self, key: str) -> bytes:
         return self.marker
 
+    def put(self, key: str, value: bytes) -> int:
+        self.calls.append("put " + key)
+        return self.put_status
+
+    def remove(self, key: str, force: bool = False) -> int:
+        self.calls.append("remove " + key)
+        return 0
+
+    put_status = 0
+
 
 def _wait(store, timeout: float = 2.0, opener=None):
     watch = StoreWatch(SETTINGS, PID, opener=opener or (lambda settings, pid: store))
@@ -60,9 +70,25 @@ def test_the_workers_error_marker_answers_500_with_its_message():
         in answer.message, answer.message
 
 
-def test_a_sample_that_never_comes_answers_504():
-    answer = _wait(Store({}), timeout=0.05)
-    assert answer.status == 504 and "sample req-1 is not in the Mooncake store (master 10.0.0.5:50051) 0.05 s" \
+def test_a_full_store_without_a_marker_answers_500_saying_so(monkeypatch):
+    import spec_compat.shims.hidden_states.mooncake_answer as shim
+
+    monkeypatch.setattr(shim, "FULL_PROBE_AFTER_S", 0.01)
+    store = Store({})
+    store.put_status = -200
+    answer = _wait(store, timeout=5)
+    assert answer.status == 500 and "sample req-1 is not in the Mooncake store (master 10.0.0.5:50051) and the " \
+        "store has no room for a 1-byte object: no space left" in answer.message, answer.message
+
+
+def test_a_sample_that_never_comes_answers_504(monkeypatch):
+    import spec_compat.shims.hidden_states.mooncake_answer as shim
+
+    monkeypatch.setattr(shim, "FULL_PROBE_AFTER_S", 0.01)
+    store = Store({})
+    answer = _wait(store, timeout=0.2)
+    assert "put req-1:spec-compat-room" in store.calls and "remove req-1:spec-compat-room" in store.calls
+    assert answer.status == 504 and "sample req-1 is not in the Mooncake store (master 10.0.0.5:50051) 0.2 s" \
         in answer.message, answer.message
 
 

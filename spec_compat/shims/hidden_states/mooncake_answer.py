@@ -10,7 +10,8 @@ naming the store when the sample is not there:
 
 * the master does not answer: 503, so the client retries (a restarted master is found again by
   every client within seconds; what the dead one held is gone);
-* the worker's error marker: 500 with its message;
+* the worker's error marker: 500 with its message; no marker either and a store without room for
+  one more byte (a full store refuses the marker too): 500 saying so;
 * neither within :data:`STORED_WAIT_S` (30 s): 504.
 
 Pure Python apart from :func:`open_store` (imports Mooncake's client, lazily).
@@ -41,6 +42,9 @@ SETUP_WAIT_S = 10.0
 #: a local buffer for reading error markers (the API server reads nothing else)
 LOCAL_BUFFER = 16 * 1024 * 1024
 _POLL_MIN_S, _POLL_MAX_S = 0.0005, 0.02
+#: after this long with neither the sample nor its marker, one 1-byte put asks whether the store
+#: has room at all (a full store refuses the worker's error marker too)
+FULL_PROBE_AFTER_S = 2.0
 #: Mooncake's status codes a failed put reports, in words (mooncake-transfer-engine 0.3.13)
 STATUS_MEANING = {-200: ("no space left in the store's mounted segments (the store is full, or a restarted master "
                          "has no segment mounted yet)"),
@@ -114,6 +118,14 @@ class StoreWatch:
             self._store = result
         return result
 
+    def _full(self, handle: str) -> bool:
+        """Whether the store refuses a 1-byte put for lack of space (the probe is removed again)."""
+        key = handle + ":spec-compat-room"
+        status = self._store.put(key, b"\0")
+        if status == 0:
+            self._store.remove(key, True)
+        return status == -200
+
     def _look(self, handle: str) -> tuple[int, int, str | None]:
         """(is_exist of the marker, is_exist of the sample, the marker's message if present)."""
         store = self._store
@@ -139,6 +151,7 @@ class StoreWatch:
                                f"{handle} is not known to be stored. Retry once the master is back.")
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + timeout
+        probe_at, probed = time.monotonic() + FULL_PROBE_AFTER_S, False
         pause = _POLL_MIN_S
         while True:
             marker, sample, message = await loop.run_in_executor(self._pool, self._look, handle)
@@ -153,6 +166,12 @@ class StoreWatch:
                                    f"spec_compat[{self.patch_id}]: {self._name()} does not answer (status "
                                    f"{min(marker, sample)}); sample {handle} is not stored. Retry once the master "
                                    "is back.")
+            if not probed and time.monotonic() >= probe_at:
+                probed = True
+                if await loop.run_in_executor(self._pool, self._full, handle):
+                    return ErrorAnswer(500, "InternalServerError",
+                                       f"spec_compat[{self.patch_id}]: sample {handle} is not in {self._name()} and "
+                                       f"the store has no room for a 1-byte object: {STATUS_MEANING[-200]}")
             if time.monotonic() >= deadline:
                 return ErrorAnswer(504, "GatewayTimeoutError",
                                    f"spec_compat[{self.patch_id}]: sample {handle} is not in {self._name()} "

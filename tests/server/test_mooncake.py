@@ -111,13 +111,16 @@ def mooncake_master(tmp_path_factory):
             time.sleep(0.2)
     # hs-connectors names the host a client registers its segment under from this variable
     # (the servers, the reader, the trainer: every process the tests start inherits it)
-    before = os.environ.get("MOONCAKE_LOCAL_HOSTNAME")
-    os.environ["MOONCAKE_LOCAL_HOSTNAME"] = "127.0.0.1"
+    # and spec-compat's generate-offline-data reads the master's address from SPEC_COMPAT_MOONCAKE_MASTER
+    names = {"MOONCAKE_LOCAL_HOSTNAME": "127.0.0.1", "SPEC_COMPAT_MOONCAKE_MASTER": f"127.0.0.1:{port}"}
+    before = {name: os.environ.get(name) for name in names}
+    os.environ.update(names)
     yield f"127.0.0.1:{port}"
-    if before is None:
-        os.environ.pop("MOONCAKE_LOCAL_HOSTNAME", None)
-    else:
-        os.environ["MOONCAKE_LOCAL_HOSTNAME"] = before
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     proc.terminate()
     proc.wait(30)
 
@@ -168,14 +171,10 @@ def mooncake_run(fixture_model, client_python, mooncake_master, tmp_path_factory
                                    timeout=900, env=_client_env())
             assert fetch.returncode == 0, (fetch.stderr[-4000:], [s.tail(3000) for s in servers])
             meta = json.loads(fetch.stdout.split("SPEC_COMPAT_RESULT ", 1)[1])
-            raw = tmp / "rows.jsonl"
-            raw.write_text("".join(json.dumps({"input_ids": r, "loss_mask": [0] + [1] * (len(r) - 1)}) + "\n"
-                                   for r in rows))
-            data = tmp / "data"
-            prep = _speculators(client_python, "prepare-data", "--model", str(model), "--data", str(raw), "--output",
-                                str(data), "--seq-length", "512", "--no-skip-token-freq",
-                                *(["--trust-remote-code"] if trust else []))
-            assert prep.returncode == 0, (prep.stdout[-3000:], prep.stderr[-3000:])
+            data = _prepared(client_python, model, rows, tmp, trust)
+            # stock generate-offline-data against the same server: files from the store
+            # (offline-data-from-mooncake; SPEC_COMPAT_MOONCAKE_MASTER is set by the master fixture)
+            gen = _generate_offline(client_python, model, servers[0], data, data / "hidden_states")
             args = [a if a != "raise" else "generate" for a in TRAIN_ARGS]  # --on-missing generate
             train = _speculators(client_python, "train", "--verifier-name-or-path", str(model), "--data-path", str(data),
                                  "--save-path", str(tmp / "ckpt"), "--log-dir", str(tmp / "logs"),
@@ -187,10 +186,31 @@ def mooncake_run(fixture_model, client_python, mooncake_master, tmp_path_factory
             for s in servers:
                 s.stop()
         done[name] = {"model": model, "rows": rows, "meta": meta, "files": [out / f"hs_{i}.safetensors"
-                      for i in range(len(rows))], "train": train, "ckpt": tmp / "ckpt", "logs": logs}
+                      for i in range(len(rows))], "train": train, "ckpt": tmp / "ckpt", "logs": logs,
+                      "generate": gen, "offline": data / "hidden_states"}
         return done[name]
 
     return get
+
+
+def _prepared(client_python: str, model: Path, rows: list[list[int]], tmp: Path, trust: bool) -> Path:
+    """Stock ``prepare-data`` of ``rows`` (token frequencies counted, as train's draft vocabulary needs)."""
+    raw = tmp / "rows.jsonl"
+    raw.write_text("".join(json.dumps({"input_ids": r, "loss_mask": [0] + [1] * (len(r) - 1)}) + "\n"
+                           for r in rows))
+    data = tmp / "data"
+    prep = _speculators(client_python, "prepare-data", "--model", str(model), "--data", str(raw), "--output",
+                        str(data), "--seq-length", "512", "--no-skip-token-freq",
+                        *(["--trust-remote-code"] if trust else []))
+    assert prep.returncode == 0, (prep.stdout[-3000:], prep.stderr[-3000:])
+    return data
+
+
+def _generate_offline(client_python: str, model: Path, server, data: Path, out: Path, disable: str | None = None):
+    """Stock ``generate-offline-data`` of the prepared rows through ``server`` into ``out``."""
+    return _speculators(client_python, "generate-offline-data", "--endpoint", server.url + "/v1", "--model",
+                        str(model), "--preprocessed-data", str(data), "--output", str(out), "--concurrency", "16",
+                        "--validate-outputs", "--max-retries", "0", disable=disable)
 
 
 FIXTURES = ["llama", "kimi-k25"]
@@ -228,6 +248,26 @@ def test_stock_trainer_trains_online_from_mooncake(mooncake_run, fixture):
     for f in weights:
         for name, t in load_file(str(f)).items():
             assert t.numel() and bool(torch.isfinite(t.float()).all()), (f.name, name)
+
+
+@pytest.mark.parametrize("fixture", FIXTURES)
+def test_stock_generate_offline_data_writes_the_store_samples_as_files(mooncake_run, fixture):
+    """Stock ``generate-offline-data --validate-outputs`` through a Mooncake server: one file per row,
+    equal to the reference; every sample removed from the store once written; no part file left."""
+    from safetensors.torch import load_file
+
+    run = mooncake_run(fixture)
+    gen, out = run["generate"], run["offline"]
+    assert gen.returncode == 0, (gen.stdout[-3000:], gen.stderr[-3000:], run["logs"][0][-3000:])
+    assert "Skipping sample" not in gen.stdout + gen.stderr, (gen.stdout[-3000:], gen.stderr[-3000:])
+    files = sorted(out.iterdir())
+    assert [f.name for f in files] == sorted(f"hs_{i}.safetensors" for i in range(len(run["rows"]))), \
+        [f.name for f in files]
+    ids = [load_file(str(f))["token_ids"].tolist() for f in files]  # which row each file holds
+    assert sorted(map(tuple, ids)) == sorted(map(tuple, run["rows"])), "rows lost or repeated"
+    worst = _compare(run["model"], files, ids)
+    print(f"{fixture} generate-offline-data from the store: {len(files)} files; max |diff|/max|ref| per layer "
+          f"{['%.2e' % w for w in worst]}")
 
 
 def _stock_server_fails(fixture_model, client_python, mooncake_master, tmp_path, disable: str) -> str:
@@ -277,3 +317,26 @@ def test_mooncake_streams_fail_with_only_this_patch_disabled(fixture_model, clie
     proof.assert_symptom(_stock_server_fails(fixture_model, client_python, mooncake_master, tmp_path, proof.disable))
     for log in mooncake_run("llama")["logs"]:
         proof.assert_absent(log)
+
+
+@pytest.mark.parametrize("pid", proof_cases("test_offline_data_from_mooncake_fails_with_only_this_patch_disabled"))
+def test_offline_data_from_mooncake_fails_with_only_this_patch_disabled(fixture_model, client_python,
+                                                                        mooncake_master, mooncake_run, tmp_path,
+                                                                        prove, pid):
+    """Stock: generate-offline-data takes the store key for a file path and skips every sample,
+    writing nothing; patched: the Llama run above wrote every row (client side: any vLLM)."""
+    proof = prove(pid)
+    model = fixture_model("llama")
+    rows = _rows(seed=13)[:8]
+    data = _prepared(client_python, model, rows, tmp_path, False)
+    server = _server(model, kv_config(client_python, mooncake_master), False, tmp_path / "server.log")
+    try:
+        server.wait_ready()
+        stock = _generate_offline(client_python, model, server, data, tmp_path / "hs", disable=proof.disable)
+    finally:
+        server.stop()
+    proof.assert_symptom(stock.stdout + stock.stderr)
+    assert not list((tmp_path / "hs").glob("hs_*.safetensors")), "the stock run wrote a sample"
+    gen = mooncake_run("llama")["generate"]
+    assert gen.returncode == 0, gen.stderr[-3000:]
+    proof.assert_absent(gen.stdout + gen.stderr)

@@ -13,7 +13,6 @@ from typing import Any
 
 from ...core.proof import Proof
 from ...core.registry import Changes, Patch, TargetChanged, register
-from ...shims.hidden_states.mooncake_master import check_master
 from .. import _guards as guard
 
 KV_TRANSFER = "vllm.config.kv_transfer"
@@ -48,6 +47,10 @@ class MooncakeMasterAtStart(Patch):
 
         def post_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
             out = wrapped(*args, **kwargs)
+            # imported here, where a configuration is checked: a process that never configures KV
+            # transfer does not load the shim (nor has it among the inputs of its proofs)
+            from ...shims.hidden_states.mooncake_master import check_master
+
             check_master(instance, patch_id)
             return out
 

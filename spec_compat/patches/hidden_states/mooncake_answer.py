@@ -17,8 +17,8 @@ from typing import Any
 
 from ...core.proof import Proof
 from ...core.registry import Changes, Patch, register
-from .. import _guards as guard
 from . import VLLM_WITHOUT_EHS
+from .http_errors import ExtractionWriteErrorStatus
 
 log = logging.getLogger("spec_compat")
 
@@ -85,11 +85,7 @@ class MooncakeAnswerAfterPut(Patch):
     side = "server"
 
     def check(self, module: ModuleType) -> None:
-        cls = guard.attr(module, "OpenAIServingCompletion")
-        guard.exact_params(cls.create_completion, "OpenAIServingCompletion.create_completion",
-                           "self", "request", "raw_request")
-        guard.has_params(cls.create_error_response, "OpenAIServingCompletion.create_error_response",
-                         "message", "err_type", "status_code")
+        ExtractionWriteErrorStatus.check(self, module)  # the same target, wrapped after it
 
     def install(self, module: ModuleType, changes: Changes) -> None:
         changes.wrap(module.OpenAIServingCompletion, "create_completion", _create_completion)

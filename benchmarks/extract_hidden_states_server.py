@@ -28,6 +28,7 @@ token (file size, or the store object's aligned size) are printed.
 usage: python benchmarks/extract_hidden_states_server.py FIXTURE_DIR [--rounds 5] [--prompts 48]
        [--tokens 256] [--ids 1,2,3,4] [--out benchmarks/results/X.json] [--trust-remote-code]
        [--native-python PY] [--block-size 16] [--split] [--baseline-tree DIR] [--backends fp8,mooncake]
+       [--dtype float32|bfloat16]
 Run it in a server environment (``matrix/env spec0.9.0-vllm0.16.0``), one engine job at a time.
 """
 
@@ -252,6 +253,9 @@ def main() -> None:
                     help="add a backport server that captures and gathers but writes no file")
     ap.add_argument("--baseline-tree", default=None,
                     help="add a backport server importing spec_compat from this source tree")
+    ap.add_argument("--dtype", default="float32",
+                    help="the servers' --dtype (float32: rows comparable with the fixtures' references; bfloat16 as "
+                         "Kimi-K2.5 is served)")
     ap.add_argument("--backends", default="",
                     help="add backport servers with hs-connectors' backends (comma list of fp8, mooncake)")
     a = ap.parse_args()
@@ -263,7 +267,7 @@ def main() -> None:
     ids = [int(i) for i in a.ids.split(",")]
     work = Path(tempfile.mkdtemp(prefix="ehs-bench-"))
     storage = work / "hidden_states"
-    common = [a.model, "--dtype", "float32", "--max-model-len", str(a.tokens + 64), "--block-size", str(block),
+    common = [a.model, "--dtype", a.dtype, "--max-model-len", str(a.tokens + 64), "--block-size", str(block),
               "--max-num-batched-tokens", "2048", "--enforce-eager"]
     if a.trust_remote_code:
         common.append("--trust-remote-code")

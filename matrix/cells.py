@@ -39,6 +39,9 @@ class Cell:
     #: earlier CI cell already covers with the same code, or a measurement the matrix records
     #: (matrix/run CELL runs everything)
     ci_deselect: tuple[tuple[str, str], ...] = ()
+    #: the test paths CI (matrix/test) runs in this cell, when CI runs a part of it only (empty: what
+    #: matrix/run runs, ``tests`` or the whole suite)
+    ci_tests: tuple[str, ...] = ()
 
     @property
     def two_envs(self) -> bool:
@@ -125,6 +128,15 @@ CELLS: dict[str, Cell] = {
             speculators="0.3.0",
             vllm="0.15.1",
             pins=TORCH_2_10,
+            # CI serves the published heads on the other pinned vLLM too (its model and spec-decode code
+            # differ from 0.16's); the rest of vLLM 0.15.1 is recorded by matrix/run
+            in_ci=True,
+            ci_tests=("tests/engine/test_published_heads.py",),
+            ci_deselect=tuple((f"tests/engine/test_published_heads.py::{t}", f"as in the 0.16 cell: {why}")
+                              for t, why in (
+                ("test_unfit_heads_are_refused_naming_both_sides", "the engine-side refusals are recorded by matrix/run"),
+                ("test_converted_head_serves_losslessly", "stock convert's head is recorded by matrix/run"),
+                ("test_aux_ids_convention_override", "the override on an 8-layer target is recorded by matrix/run"))),
         ),
         Cell(
             name="spec0.3.0-vllm0.11.0",

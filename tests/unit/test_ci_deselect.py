@@ -49,3 +49,14 @@ def test_deselected_node_exists(cell, node, why):
         for part in m.group(2).split("-"):
             if part and not part.isdigit():
                 assert part in source, f"{cell}: no parameter {part!r} for {m.group(1)} in {path}"
+
+
+CI_TESTS = [(name, path) for name, cell in _cells().items() for path in cell.ci_tests]
+
+
+@pytest.mark.parametrize("cell, path", CI_TESTS, ids=[f"{c}:{p}" for c, p in CI_TESTS])
+def test_ci_test_paths_exist_in_ci_cells(cell, path):
+    """A path CI runs a cell with (``Cell.ci_tests``) exists, and only a CI cell names any: a missing path
+    would make pytest run nothing there (exit 4), a typo in a non-CI cell would go unnoticed."""
+    assert (ROOT / path).exists(), f"{cell}: {path} does not exist"
+    assert _cells()[cell].in_ci, f"{cell} names ci_tests but is not in CI"

@@ -68,6 +68,18 @@ WALKTHROUGH_ELSEWHERE = ("tests/unit/test_add_a_patch.py::test_walkthrough",
 PLANTED_KEY_ELSEWHERE = (
     "tests/unit/test_proof_keys.py::test_a_planted_change_in_a_support_file_moves_exactly_the_proofs_that_loaded_it",
     "a planted support-file change moves exactly its proofs' keys (all cells' records, ~22 s): the 0.3 cell")
+#: published-head checks CI leaves to matrix/run in every vLLM cell that serves the heads
+PUBLISHED_HEADS_RECORDED = (
+    ("tests/engine/test_published_heads.py::test_unfit_heads_are_refused_naming_both_sides",
+     "unfit heads refused through vLLM's config and vllm serve (38 s): CI checks the fit rules in "
+     "tests/unit/test_draft_heads.py on real head files; matrix/run records the engine-side refusals"),
+    ("tests/engine/test_published_heads.py::test_converted_head_serves_losslessly",
+     "a head through stock speculators convert, served (speculators' format, which CI serves in "
+     "spec0.9.0-vllm0.16.0): matrix/run records it; convert-draft-vocab-from-head's proof converts"),
+    ("tests/engine/test_published_heads.py::test_aux_ids_convention_override",
+     "SPEC_COMPAT_AUX_IDS=input on an 8-layer target (one engine start): CI checks the convention the "
+     "MLA head's log names; matrix/run records the override and the malformed value"),
+)
 #: the Kimi-K2.5 proofs' patched selftest with the full registry: test_extraction.py runs the same
 #: registry on Kimi-K2.5 with every selftest workload, values against the reference (~35 s a cell)
 KIMI_FULL_REGISTRY_ELSEWHERE = ("tests/engine/test_shims_needed.py::test_patched_selftest_passes[kimi-k25-full-registry]",
@@ -112,15 +124,7 @@ CELLS: dict[str, Cell] = {
                 ("tests/engine/test_heads_compared.py",
                  "every published head format on both fixtures (two comparisons, ten engine starts): matrix/run "
                  "records it; CI serves two heads on Kimi-K2.5 in test_published_heads.py"),
-                ("tests/engine/test_published_heads.py::test_unfit_heads_are_refused_naming_both_sides",
-                 "unfit heads refused through vLLM's config and vllm serve (38 s): CI checks the fit rules in "
-                 "tests/unit/test_draft_heads.py on real head files; matrix/run records the engine-side refusals"),
-                ("tests/engine/test_published_heads.py::test_converted_head_serves_losslessly",
-                 "a head through stock speculators convert, served (speculators' format, which CI serves in "
-                 "spec0.9.0-vllm0.16.0): matrix/run records it; convert-draft-vocab-from-head's proof converts"),
-                ("tests/engine/test_published_heads.py::test_aux_ids_convention_override",
-                 "SPEC_COMPAT_AUX_IDS=input on an 8-layer target (one engine start): CI checks the convention the "
-                 "MLA head's log names; matrix/run records the override and the malformed value"),
+                *PUBLISHED_HEADS_RECORDED,
             ),
         ),
         Cell(
@@ -132,11 +136,7 @@ CELLS: dict[str, Cell] = {
             # differ from 0.16's); the rest of vLLM 0.15.1 is recorded by matrix/run
             in_ci=True,
             ci_tests=("tests/engine/test_published_heads.py",),
-            ci_deselect=tuple((f"tests/engine/test_published_heads.py::{t}", f"as in the 0.16 cell: {why}")
-                              for t, why in (
-                ("test_unfit_heads_are_refused_naming_both_sides", "the engine-side refusals are recorded by matrix/run"),
-                ("test_converted_head_serves_losslessly", "stock convert's head is recorded by matrix/run"),
-                ("test_aux_ids_convention_override", "the override on an 8-layer target is recorded by matrix/run"))),
+            ci_deselect=PUBLISHED_HEADS_RECORDED,
         ),
         Cell(
             name="spec0.3.0-vllm0.11.0",

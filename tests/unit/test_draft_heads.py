@@ -61,6 +61,34 @@ def test_fixture_heads_fit_the_kimi_fixture(tmp_path, name):
     assert dh.fit_problems(_cfg(head), shapes, ids=ids, convention=conv, **KIMI) == []
 
 
+
+#: what each exporter writes (SpecForge's export_to_sglang; ModelOpt's Hugging Face exporter, llama and
+#: kimik2 decoders): weight prefix, the optional tensors kept, draft_vocab_size in config.json
+EXPORTED = {
+    "specforge-eagle3": ("midlayer.", {"d2t", "t2d"}, 128),
+    "modelopt-eagle3": ("layers.0.", set(), 512),
+    "modelopt-eagle3-mla": ("layers.0.", set(), None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPORTED))
+def test_exported_heads_have_their_exporters_layout_and_fit(tmp_path, name):
+    prefix, optional, draft_vocab = EXPORTED[name]
+    head = build_head(name, tmp_path / name)
+    cfg, shapes = _cfg(head), dh.tensor_shapes(head)
+    layer = {k for k in shapes if "." in k and k.split(".")[0] in ("midlayer", "layers")}
+    assert layer and all(k.startswith(prefix) for k in layer), sorted(layer)
+    assert "embed_tokens.weight" not in shapes  # both exporters leave the target's embedding to the server
+    assert {"d2t", "t2d"} & set(shapes) == optional
+    assert cfg.get("draft_vocab_size") == draft_vocab
+    assert shapes["lm_head.weight"] == (draft_vocab or 512, 256) and shapes["fc.weight"] == (256, 768)
+    wide = "self_attn.q_a_proj.weight" if name.endswith("-mla") else "self_attn.q_proj.weight"
+    assert shapes[prefix + wide][1] == 2 * 256  # the first layer reads [embeds, fused aux states]
+    ids, conv, where = dh.served_ids(cfg)
+    assert (ids, conv, where) == ((1, 2, 3), "output", "eagle_config")
+    assert dh.fit_problems(cfg, shapes, ids=ids, convention=conv, **KIMI) == []
+
+
 def test_same_seed_same_bytes(tmp_path):
     a = build_head("torchspec-eagle3-mla", tmp_path / "a", seed=3)
     b = build_head("torchspec-eagle3-mla", tmp_path / "b", seed=3)

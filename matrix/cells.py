@@ -262,6 +262,10 @@ CELLS: dict[str, Cell] = {
                 ("tests/server/test_mooncake.py",
                  "hs-connectors' Mooncake backend on native vLLM 0.32 (3 server and 2 training runs): CI runs it on "
                  "the backport (spec0.9.0-vllm0.16.0); matrix/run records it here"),
+                ("tests/server/test_mooncake_master_killed.py",
+                 "hs-connectors' Mooncake backend with its master killed and with its store full, on native vLLM "
+                 "0.32 (3 server starts, ~5 min): CI runs it on the backport (spec0.9.0-vllm0.16.0); matrix/run "
+                 "records it here"),
                 ("tests/server/test_mooncake_master_down.py",
                  "a Mooncake server started with its master down (one server start, ~30 s; the proof ~190 s): CI runs "
                  "it on the backport (spec0.9.0-vllm0.16.0); matrix/run records it here"),

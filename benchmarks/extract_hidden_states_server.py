@@ -343,16 +343,29 @@ def main() -> None:
             _round(s, a.model, warm, stores[name])
         for r in range(a.rounds):
             prompts = [[rng.randrange(1, 250) for _ in range(a.tokens)] for _ in range(a.prompts)]
+            # a server measured twice gets other prompts of the same shape the second time (the same ones
+            # would come from its prefix cache)
+            again = [[rng.randrange(1, 250) for _ in range(a.tokens)] for _ in range(a.prompts)]
             order = list(runs) if r % 2 == 0 else list(reversed(runs))
             for name in order:
-                rates[name].append(_round(servers[runs[name]], a.model, prompts, stores[name]))
+                rates[name].append(_round(servers[runs[name]], a.model, prompts if runs[name] == name else again,
+                                          stores[name]))
             print(f"round {r}: " + ", ".join(f"{n} {rates[n][-1]:.0f} tok/s" for n in runs), flush=True)
         peak = {name: p.stop() for name, p in peaks.items()}
+        failed = False
+    except BaseException:
+        failed = True
+        raise
     finally:
         for s in servers.values():
             s.stop()
         if master is not None:
             master.terminate()
+        if failed:  # the servers' and the master's logs, for what went wrong
+            kept = Path(tempfile.mkdtemp(prefix="ehs-bench-logs-"))
+            for log in work.glob("*.log"):
+                shutil.copy(log, kept / log.name)
+            print(f"logs kept in {kept}", file=sys.stderr)
         shutil.rmtree(work, ignore_errors=True)
     ratios = [e / p for e, p in zip(rates["extract"], rates["plain"])]
     res = {"model": a.model, "layer_ids": ids, "rounds": a.rounds, "prompts": a.prompts, "tokens": a.tokens,

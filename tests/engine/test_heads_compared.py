@@ -1,7 +1,8 @@
 """Every published head format on both fixtures, compared in one ``compare_drafts`` run per target:
-TorchSpec's MLA head, its Llama-style head (full and pruned vocabulary) and the Llama-style head after
-stock ``speculators convert``, on the Kimi-K2.5 fixture (the heads' own size) and on the Llama fixture
-(the same width and vocabulary).  Each lossless and its counters consistent; the table (acceptance
+TorchSpec's MLA head, its Llama-style head (full and pruned vocabulary), the Llama-style head after
+stock ``speculators convert``, and the heads SpecForge's and ModelOpt's exporters write (Llama-style
+and MLA), on the Kimi-K2.5 fixture (the heads' own size) and on the Llama fixture (the same width and
+vocabulary).  Each lossless and its counters consistent; the table (acceptance
 length at k = 3, greedy, per position) is printed.  ``matrix/run`` records it; CI serves two of the
 heads on Kimi-K2.5 in test_published_heads.py."""
 
@@ -11,7 +12,7 @@ import json
 
 import pytest
 
-from test_published_heads import (LLAMA_HEAD, MLA, PRUNED, _compare, _convert, _has_convert,  # noqa: F401
+from test_published_heads import (EXPORTED, LLAMA_HEAD, MLA, PRUNED, _compare, _convert, _has_convert,  # noqa: F401
                                   _serving_here, _variant, head_dir)
 from test_serving import assert_consistent
 
@@ -37,6 +38,7 @@ def test_every_head_format_serves_losslessly(fixture_dir, head_dir, tmp_path, ta
                   _with_ids(head_dir(PRUNED), tmp_path / "pruned-head-ids")]
     else:
         drafts = [head_dir(MLA), head_dir(LLAMA_HEAD), head_dir(PRUNED)]
+    drafts += [head_dir(name) for name in EXPORTED]  # their ids are in eagle_config: served on both targets
     if _has_convert() and target == "kimi-k25":
         converted = tmp_path / "converted"
         proc = _convert(head_dir(LLAMA_HEAD), tdir, converted)

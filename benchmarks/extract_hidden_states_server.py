@@ -41,6 +41,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -282,6 +283,8 @@ def main() -> None:
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
     ids = [int(i) for i in a.ids.split(",")]
     work = Path(tempfile.mkdtemp(prefix="ehs-bench-"))
+    # SIGTERM (a killed benchmark) runs the cleanup below too: no server outlives the run
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     storage = work / "hidden_states"
     common = [a.model, "--dtype", a.dtype, "--max-model-len", str(a.tokens + 64), "--block-size", str(block),
               "--max-num-batched-tokens", "2048", "--enforce-eager"]

@@ -61,7 +61,6 @@ def test_fixture_heads_fit_the_kimi_fixture(tmp_path, name):
     assert dh.fit_problems(_cfg(head), shapes, ids=ids, convention=conv, **KIMI) == []
 
 
-
 #: what each exporter writes (SpecForge's export_to_sglang; ModelOpt's Hugging Face exporter, llama and
 #: kimik2 decoders): weight prefix, the optional tensors kept, draft_vocab_size in config.json
 EXPORTED = {

@@ -49,7 +49,7 @@ def prepare_data(out: Path, model_name: str, layers: int) -> tuple[Path, dict]:
     ``out``: llama with ``layers`` layers and speculators' default capture layers, or the 4-layer
     kimi-k25 fixture with every layer captured.  Returns the model directory and the data config."""
     from spec_compat.cli.demo_steps import DEMO_DATA, extract, preprocess, vocab_mapping
-    from spec_compat.cli.evaluate import regenerate_chats
+    from spec_compat.cli.regenerate import regenerate_chats
     from spec_compat.fixtures import build
 
     t0 = time.perf_counter()

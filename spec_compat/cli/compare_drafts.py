@@ -1,4 +1,4 @@
-"""``python -m spec_compat.cli.compare_drafts --target T --draft A --draft B ...``: several EAGLE-3
+"""``spec-compat evaluate --target T --draft A --draft B ...``: several EAGLE-3
 drafts (any format vLLM + spec-compat serve) on the same prompts -- one reference run without
 speculation, one run per draft, each checked lossless against the reference -- in one table (and a
 per-position acceptance plot where matplotlib is installed).
@@ -7,9 +7,7 @@ The columns are what published draft cards report: acceptance length (1 + accept
 draft, the bonus token included) at k speculative tokens, greedy (top-k 1), and the acceptance
 rate at each position.  A draft vLLM's config checks refuse (a spec-compat refusal such as a head
 that does not fit the target) is reported in one line, exit status 2.
-
-(A module of its own rather than ``spec-compat evaluate --draft A --draft B``: the ``spec-compat``
-parser is an input of the recorded proofs of every patch whose test drives the CLI.)"""
+"""
 
 from __future__ import annotations
 
@@ -20,7 +18,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .console import stdout_to_stderr
 from .evaluate import (EvalResult, EvaluateError, _check_eagle3_draft, _check_model_dir, _engine_kwargs, _generate,
                        declares_remote_code, load_prompts, serving_unsupported, summarise)
 
@@ -129,43 +126,3 @@ def report_several(drafts: Sequence[str], results: Sequence[Any], as_json: bool,
         print(f"spec-compat evaluate: outputs differ from the reference with {', '.join(bad)}", file=sys.stderr)
         return 1
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m spec_compat.cli.compare_drafts",
-                                description="Serve several EAGLE-3 drafts on the same prompts (greedy, lossless "
-                                            "checked against one reference run) and compare acceptance.",
-                                epilog="Exit status: 0 every draft lossless, 1 outputs differ, 2 bad input or a "
-                                       "draft refused.")
-    p.add_argument("--target", required=True, help="target (verifier) checkpoint directory")
-    p.add_argument("--draft", required=True, action="append",
-                   help="EAGLE-3 draft directory: speculators' format, vLLM's, or a published head's (TorchSpec / "
-                        "SpecForge: LlamaForCausalLMEagle3, Eagle3DeepseekV2ForCausalLM); repeat for several")
-    p.add_argument("--prompts", default=None, help="prompts file, as for spec-compat evaluate")
-    p.add_argument("--k", type=int, default=3, help="speculative tokens per draft (default 3)")
-    p.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt (default 64)")
-    p.add_argument("--max-model-len", type=int, default=2048)
-    p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
-    p.add_argument("--json", action="store_true", help='print {"drafts": [{"draft", "lossless", ...}, ...]}')
-    p.add_argument("--plot", default=None, metavar="PNG", help="per-position acceptance plot (needs matplotlib)")
-    args = p.parse_args(argv)
-    try:
-        with stdout_to_stderr():  # vLLM logs to stdout: stdout holds the table or the JSON only
-            results = evaluate_drafts(args.target, args.draft, prompts=args.prompts, k=args.k,
-                                      max_tokens=args.max_tokens, max_model_len=args.max_model_len, limit=args.limit)
-    except EvaluateError as exc:
-        print(f"{p.prog}: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # noqa: BLE001  (a spec-compat refusal raised inside vLLM's config checks)
-        refusal = spec_compat_refusal(exc)
-        if refusal is None:
-            raise
-        print(f"{p.prog}: {refusal}", file=sys.stderr)
-        return 2
-    return report_several(args.draft, results, args.json, args.plot)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

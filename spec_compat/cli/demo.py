@@ -114,7 +114,7 @@ def _steps(p: Progress, res: DemoResult, fixture: str, jsonl: Path, epochs: int,
     text = verifier_text_config(res.model_dir)
     res.layer_ids = list(range(int(text.num_hidden_layers)))
     if regenerate:
-        from .evaluate import regenerate_chats
+        from .regenerate import regenerate_chats
 
         regen = out_dir / "regenerated_chat.jsonl"
         res.regenerated = p.step("regenerate the assistant turns with the target (vLLM, greedy)",
@@ -190,6 +190,25 @@ def _evaluation_table(data: dict[str, Any]) -> str:
     from .evaluate import EvalResult, table
 
     return table(EvalResult(**data))
+
+
+def add_arguments(command: str, d: argparse.ArgumentParser) -> None:
+    d.add_argument("--model", default="llama", choices=["llama", "kimi-k25"], help="fixture to use (default llama)")
+    d.add_argument("--out", default=None, help="output directory, must not hold earlier results "
+                                               "(default ./spec-compat-demo/MODEL)")
+    d.add_argument("--epochs", type=int, default=24, help="training epochs (default 24)")
+    d.add_argument("--lr", type=float, default=3e-3, help="learning rate (default 3e-3)")
+    d.add_argument("--regenerate", action=argparse.BooleanOptionalAction, default=True,
+                   help="rewrite the chats' assistant turns with the target (vLLM, greedy) before extraction, "
+                        "so the draft learns the target's own distribution (default: on)")
+    d.add_argument("--evaluate", action=argparse.BooleanOptionalAction, default=True,
+                   help="serve the trained draft as EAGLE-3 speculator and print the evaluate table (default: on)")
+    d.add_argument("--k", type=int, default=3, help="speculative tokens when evaluating (default 3)")
+    d.add_argument("--json", action="store_true", help="print the result as one JSON document on stdout "
+                                                      "(everything else goes to stderr or the log file)")
+    d.add_argument("--verbose", action="store_true", help="show the output of every step as it comes "
+                                                         "(default: one line per step; the rest in OUT/demo.log)")
+    d.set_defaults(func=cmd_demo)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

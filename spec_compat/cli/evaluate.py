@@ -6,10 +6,6 @@ identical (speculative decoding must be lossless) and reads the engine's
 speculative-decoding counters (``LLM.get_metrics()``; counters are cumulative
 per process, so each run reads them before and after its ``generate``).
 
-:func:`regenerate_chats` rewrites the assistant turns of a chat dataset with
-the target itself (greedy, turn by turn), as real EAGLE-3 pipelines do before
-extraction so the draft learns the target's own distribution.
-
 Runs on vLLM's CPU platform (spec-compat's serving patches) and on a GPU
 install unchanged.
 """
@@ -322,65 +318,58 @@ def table(res: EvalResult) -> str:
     return "\n".join(f"{a:<24}{b}" for a, b in rows)
 
 
-def regenerate_chats(target: str | os.PathLike[str], src: str | os.PathLike[str], dst: str | os.PathLike[str],
-                     max_tokens: int = 96, max_model_len: int = 2048, eager: bool = True, seed: int = 0) -> dict[str, int]:
-    """Rewrite every assistant turn of a chat jsonl (``conversations`` or ``messages``) with the
-    target's own greedy reply to the conversation so far (earlier turns already regenerated).
-    Writes ``dst`` (must not exist); returns counts."""
-    import spec_compat  # noqa: F401
-
-    tdir = _check_model_dir(target, "target")
-    src_p, dst_p = Path(src), Path(dst)
-    if not src_p.is_file():
-        raise EvaluateError(f"chat data {str(src_p)!r} not found")
-    if dst_p.exists():
-        raise EvaluateError(f"{str(dst_p)!r} exists: nothing is overwritten")
-    rows = []
-    for n, line in enumerate(src_p.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except ValueError as exc:
-                raise EvaluateError(f"{src_p}:{n}: not JSON: {exc}") from None
-    key = lambda r: "conversations" if "conversations" in r else "messages"  # noqa: E731
-    trust = declares_remote_code(tdir)
-    from transformers import AutoTokenizer
-    from vllm import LLM, SamplingParams
-
-    tok = AutoTokenizer.from_pretrained(str(tdir), trust_remote_code=trust)
-    llm = LLM(**dict(_engine_kwargs(tdir, trust, max_model_len, eager, seed), disable_log_stats=True))
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    turns = replies = tokens = 0
-    try:
-        depth = max((len(r.get(key(r), [])) for r in rows), default=0)
-        for i in range(depth):
-            todo = [r for r in rows if i < len(r.get(key(r), [])) and r[key(r)][i].get("role") == "assistant"]
-            if not todo:
-                continue
-            prompts = [tok.apply_chat_template([{"role": t["role"], "content": t["content"]} for t in r[key(r)][:i]],
-                                               add_generation_prompt=True, tokenize=True) for r in todo]
-            outs = llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
-            for r, o in zip(todo, outs):
-                r[key(r)][i] = dict(r[key(r)][i], content=tok.decode(o.outputs[0].token_ids, skip_special_tokens=True))
-                tokens += len(o.outputs[0].token_ids)
-            turns += 1
-            replies += len(todo)
-    finally:
-        _shutdown(llm)
-    dst_p.parent.mkdir(parents=True, exist_ok=True)
-    dst_p.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return {"conversations": len(rows), "replies": replies, "tokens": tokens, "turn_rounds": turns}
+def add_arguments(command: str, e: argparse.ArgumentParser) -> None:
+    e.epilog = "Exit status: 0 lossless (every draft), 1 outputs differ, 2 bad input or a draft refused."
+    e.add_argument("--target", required=True, help="target (verifier) checkpoint directory")
+    e.add_argument("--draft", required=True, action="append",
+                   help="EAGLE-3 draft directory: speculators' format, vLLM's, or a published head's (TorchSpec, "
+                        "SpecForge, ModelOpt); repeat for several drafts on the same prompts, one table")
+    e.add_argument("--prompts", default=None, help="prompts file: .jsonl with prompt_token_ids, prompt or "
+                                                   "messages/conversations per line, or one raw prompt per line "
+                                                   "(default: spec-compat's 16 held-out chat prompts)")
+    e.add_argument("--k", type=int, default=3, help="speculative tokens per draft (default 3)")
+    e.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt (default 64)")
+    e.add_argument("--max-model-len", type=int, default=2048, help="engine max_model_len (default 2048)")
+    e.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    e.add_argument("--compile", action="store_true", help="let vLLM compile / capture graphs "
+                                                         "(default: enforce_eager)")
+    e.add_argument("--plot", default=None, metavar="PNG",
+                   help="write the per-position acceptance plot, one line per draft (needs matplotlib)")
+    e.add_argument("--json", action="store_true", help='one draft: {"lossless", "drafts", "draft_tokens", '
+                                                      '"accepted_tokens", "acceptance_rate", '
+                                                      '"mean_acceptance_length", "per_position", ...}; several: '
+                                                      '{"drafts": [{"draft", "lossless", ...}, ...]}')
+    e.set_defaults(func=cmd_evaluate)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    from .compare_drafts import evaluate_drafts, plot_positions, report_several, spec_compat_refusal
+
+    drafts = list(args.draft)
     try:
         with stdout_to_stderr():  # vLLM logs to stdout: stdout holds the table or the JSON only
-            res = evaluate(args.target, args.draft, prompts=args.prompts, k=args.k, max_tokens=args.max_tokens,
-                           max_model_len=args.max_model_len, limit=args.limit, eager=not args.compile)
+            if len(drafts) == 1:
+                results = [evaluate(args.target, drafts[0], prompts=args.prompts, k=args.k, max_tokens=args.max_tokens,
+                                    max_model_len=args.max_model_len, limit=args.limit, eager=not args.compile)]
+            else:
+                results = evaluate_drafts(args.target, drafts, prompts=args.prompts, k=args.k,
+                                          max_tokens=args.max_tokens, max_model_len=args.max_model_len,
+                                          limit=args.limit, eager=not args.compile)
     except EvaluateError as exc:
         print(f"spec-compat evaluate: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # noqa: BLE001  (a spec-compat refusal raised inside vLLM's config checks)
+        refusal = spec_compat_refusal(exc)
+        if refusal is None:
+            raise
+        print(f"spec-compat evaluate: {refusal}", file=sys.stderr)
+        return 2
+    if len(drafts) > 1:
+        return report_several(drafts, results, args.json, args.plot)
+    res = results[0]
     print(json.dumps(res.as_dict()) if args.json else table(res))
+    if args.plot:
+        plot_positions(drafts, results, args.plot)
     if not res.lossless:
         print("spec-compat evaluate: outputs with the draft differ from outputs without it", file=sys.stderr)
         return 1

@@ -152,6 +152,17 @@ def patch_table() -> str:
     return "\n".join(rows)
 
 
+def add_arguments(command: str, p: argparse.ArgumentParser) -> None:
+    """``spec-compat report`` / ``spec-compat patches``."""
+    if command == "report":
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.add_argument("--strict", action="store_true", help="exit 1 if any patch is target-changed or failed")
+        p.set_defaults(func=cmd_report)
+    else:
+        p.add_argument("--markdown", action="store_true", help="print the README table")
+        p.set_defaults(func=cmd_patches)
+
+
 def cmd_patches(args: argparse.Namespace) -> int:
     if args.markdown:
         print(patch_table())

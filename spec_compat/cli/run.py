@@ -10,6 +10,12 @@ import sys
 from .. import apply
 
 
+def add_arguments(command: str, p: argparse.ArgumentParser) -> None:
+    p.add_argument("script", help="path of the Python script, run as __main__")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    p.set_defaults(func=cmd_run)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     apply()
     script = args.script

@@ -181,6 +181,17 @@ def main(model: str | None, only: Sequence[str] | None = None, seed: int = 0,
     return 1 if failed else 0
 
 
+def add_arguments(command: str, p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None,
+                   help="checkpoint directory, or a fixture name (default: build the llama fixture)")
+    p.add_argument("--checks", default="", help="comma list of workloads to run (default: all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tensor-parallel-size", "--tp", type=int, default=1,
+                   help="tensor parallel size of the engine (on vLLM's CPU platform also set "
+                        "VLLM_CPU_OMP_THREADS_BIND, e.g. '0|1' for 2 ranks on one NUMA node)")
+    p.set_defaults(func=cmd_selftest)
+
+
 def cmd_selftest(args: argparse.Namespace) -> int:
     only = [c for c in args.checks.split(",") if c] if args.checks else None
     return main(args.model, only=only, seed=args.seed, tensor_parallel_size=args.tensor_parallel_size)

@@ -85,25 +85,65 @@ def served_ids(cfg: Any, override: str = "auto") -> tuple[tuple[int, ...] | None
     return tuple(i + 1 if convention == "output" else i for i in ids), convention, where
 
 
+def _header(f: Path) -> tuple[dict[str, Any], int]:
+    """A safetensors file's header and the offset of its data."""
+    with open(f, "rb") as fh:
+        raw = fh.read(8)
+        if len(raw) != 8:
+            raise DraftFitError(f"spec_compat[eagle3-draft-fits-target]: {f} is not a safetensors file (shorter than its header)")
+        (size,) = struct.unpack("<Q", raw)
+        if size > _MAX_HEADER:
+            raise DraftFitError(f"spec_compat[eagle3-draft-fits-target]: {f} declares a {size}-byte header: not a safetensors file")
+        try:
+            return json.loads(fh.read(size)), 8 + size
+        except ValueError as exc:
+            raise DraftFitError(f"spec_compat[eagle3-draft-fits-target]: {f}: unreadable safetensors header ({exc})") from None
+
+
 def tensor_shapes(draft_dir: str | Path) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every tensor in the draft's ``*.safetensors`` files, from their headers."""
     out: dict[str, tuple[int, ...]] = {}
     for f in sorted(Path(draft_dir).glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            raw = fh.read(8)
-            if len(raw) != 8:
-                raise DraftFitError(f"spec_compat[eagle3-draft-fits-target]: {f} is not a safetensors file (shorter than its header)")
-            (size,) = struct.unpack("<Q", raw)
-            if size > _MAX_HEADER:
-                raise DraftFitError(f"spec_compat[eagle3-draft-fits-target]: {f} declares a {size}-byte header: not a safetensors file")
-            try:
-                header = json.loads(fh.read(size))
-            except ValueError as exc:
-                raise DraftFitError(f"spec_compat[eagle3-draft-fits-target]: {f}: unreadable safetensors header ({exc})") from None
-        for name, meta in header.items():
+        for name, meta in _header(f)[0].items():
             if name != "__metadata__" and isinstance(meta, Mapping):
                 out[name] = tuple(int(x) for x in meta.get("shape", ()))
     return out
+
+
+#: safetensors integer dtypes a d2t is written in -> struct format
+_INT_FORMATS = {"I64": "q", "I32": "i", "I16": "h", "I8": "b", "U8": "B"}
+
+
+def integer_tensor(draft_dir: str | Path, suffix: str) -> list[int] | None:
+    """The values of the draft's 1-d integer tensor named ``suffix`` (``d2t``), read from its file
+    alone (a few KB; no other weight is read), or None where there is none or it is not integer."""
+    for f in sorted(Path(draft_dir).glob("*.safetensors")):
+        header, data = _header(f)
+        for name, meta in header.items():
+            if name == "__metadata__" or not (name == suffix or name.endswith("." + suffix)):
+                continue
+            fmt = _INT_FORMATS.get(str(meta.get("dtype")))
+            start, end = (int(x) for x in meta.get("data_offsets", (0, 0)))
+            if fmt is None or len(meta.get("shape", ())) != 1:
+                return None
+            with open(f, "rb") as fh:
+                fh.seek(data + start)
+                raw = fh.read(end - start)
+            return list(struct.unpack(f"<{len(raw) // struct.calcsize(fmt)}{fmt}", raw))
+    return None
+
+
+def d2t_problems(d2t: list[int] | None, target_vocab: int) -> list[str]:
+    """A ``d2t`` (draft token i -> target token i + d2t[i], EAGLE-3's offsets) that names tokens outside
+    the target's vocabulary: vLLM indexes the target's logits with it in the first draft step."""
+    if not d2t:
+        return []
+    bad = [(i, i + off) for i, off in enumerate(d2t) if not 0 <= i + off < target_vocab]
+    if not bad:
+        return []
+    i, t = bad[0]
+    return [f"the draft's d2t maps {len(bad)} of its {len(d2t)} tokens outside the target's vocabulary of "
+            f"{target_vocab} (first: draft token {i} -> target token {t})"]
 
 
 def _find(shapes: Mapping[str, tuple[int, ...]], suffix: str) -> tuple[str, tuple[int, ...]] | None:

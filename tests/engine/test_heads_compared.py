@@ -1,4 +1,4 @@
-"""Every published head format on both fixtures, compared in one ``compare_drafts`` run per target:
+"""Every published head format on both fixtures, compared in one ``spec-compat evaluate --draft A --draft B ...`` run per target:
 TorchSpec's MLA head, its Llama-style head (full and pruned vocabulary), the Llama-style head after
 stock ``speculators convert``, and the heads SpecForge's and ModelOpt's exporters write (Llama-style
 and MLA), on the Kimi-K2.5 fixture (the heads' own size) and on the Llama fixture (the same width and

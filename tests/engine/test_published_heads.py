@@ -2,7 +2,7 @@
 the same after stock ``speculators convert``), served by this cell's vLLM on the kimi-k25 fixture
 through ``spec-compat evaluate`` (a fresh process: the serving patches arrive through the plugin).
 
-The heads are ``python -m spec_compat.fixtures.published_heads torchspec-eagle3[-mla]`` (random weights, published config keys
+The heads are ``spec-compat fixture torchspec-eagle3[-mla]`` etc. (random weights, published config keys
 and weight names at the fixture's size); a random head accepts next to nothing, so what these tests
 show is that each format loads and serves losslessly, that spec-compat serves the layers the head
 names in its own convention, that the MLA head computes the contract's function, and that a head
@@ -24,7 +24,7 @@ import pytest
 from proof_runs import proof_cases  # tests/support (on sys.path: tests/conftest.py)
 from test_serving import PROOF_ARGS, assert_consistent, run_evaluate
 
-# the heads' builder runs as a module command (head_dir); imported here so that it is an input of every
+# the heads' builder runs as a command (head_dir); imported here as well, so that it is an input of every
 # proof in this file (tests/support/proof_keys.py follows imports), not only of the one that built a head
 from spec_compat.fixtures.published_heads import FORMATS
 
@@ -62,8 +62,8 @@ def head_dir(tmp_path_factory):
     def get(name: str) -> Path:
         if name not in built:
             out = root / name.replace("+", "_")
-            subprocess.run([sys.executable, "-m", "spec_compat.fixtures.published_heads", *name.split("+")[:1],
-                            str(out), *name.split("+")[1:]], check=True, stdout=subprocess.DEVNULL, cwd=str(ROOT))
+            subprocess.run([sys.executable, "-m", "spec_compat", "fixture", *name.split("+")[:1], str(out),
+                            *name.split("+")[1:]], check=True, stdout=subprocess.DEVNULL, cwd=str(ROOT))
             built[name] = out
         return built[name]
 
@@ -73,9 +73,22 @@ def head_dir(tmp_path_factory):
 def _compare(target: Path, *drafts: Path, extra: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess, dict | None]:
     env = {k: v for k, v in os.environ.items() if k != "SPEC_COMPAT_DISABLE"}
     args = [a for d in drafts for a in ("--draft", str(d))]
-    proc = subprocess.run([sys.executable, "-m", "spec_compat.cli.compare_drafts", "--target", str(target), *args,
+    proc = subprocess.run([sys.executable, "-m", "spec_compat", "evaluate", "--target", str(target), *args,
                            "--json", *extra], env=env, capture_output=True, text=True, timeout=1500, cwd=str(ROOT))
     return proc, (json.loads(proc.stdout) if proc.returncode == 0 else None)
+
+
+def _assert_all_lossless(proc: subprocess.CompletedProcess, res: dict | None, drafts: list[Path]) -> None:
+    """One evaluate run of several drafts: exit 0, a row per draft in order, each lossless with
+    consistent counters and drafting at all."""
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = res["drafts"]
+    assert [d["draft"] for d in got] == [str(d) for d in drafts]
+    for d in got:
+        print(d["draft"], d["lossless"], d["mean_acceptance_length"], d["per_position"])
+        assert d["lossless"], d
+        assert_consistent(d)
+        assert d["draft_tokens"] > 0, d
 
 
 def test_published_heads_serve_losslessly(fixture_dir, head_dir):
@@ -85,19 +98,12 @@ def test_published_heads_serve_losslessly(fixture_dir, head_dir):
     kimi = fixture_dir("kimi-k25")
     drafts = [head_dir(MLA), head_dir(PRUNED)]
     proc, res = _compare(kimi, *drafts, extra=("--limit", "4", "--max-tokens", "24"))
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    got = res["drafts"]
-    assert [d["draft"] for d in got] == [str(d) for d in drafts]
-    for d in got:
-        print(d["draft"], d["lossless"], d["mean_acceptance_length"], d["per_position"])
-        assert d["lossless"], d
-        assert_consistent(d)
+    _assert_all_lossless(proc, res, drafts)
     assert ("spec_compat[eagle3-aux-ids-convention]: draft " + str(head_dir(MLA)) + " names aux layer ids [0, 1, 2] "
             "in eagle_config; assumed convention 'output'") in proc.stderr, proc.stderr[-4000:]
     assert "serving the inputs of target layers [1, 2, 3]. Override with SPEC_COMPAT_AUX_IDS=input" in proc.stderr
-    # the refusal of compare_drafts' one-line form: tests/unit/test_compare_drafts.py
+    # evaluate's one-line form of a refusal: tests/unit/test_compare_drafts.py
     assert f"draft {head_dir(PRUNED)} names no aux layer ids; serving the target's default layers" in proc.stderr
-
 
 
 def test_exported_heads_serve_losslessly(fixture_dir, head_dir):
@@ -110,14 +116,7 @@ def test_exported_heads_serve_losslessly(fixture_dir, head_dir):
     kimi = fixture_dir("kimi-k25")
     drafts = [head_dir(name) for name in EXPORTED]
     proc, res = _compare(kimi, *drafts, extra=("--limit", "4", "--max-tokens", "24"))
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    got = res["drafts"]
-    assert [d["draft"] for d in got] == [str(d) for d in drafts]
-    for d in got:
-        print(d["draft"], d["lossless"], d["mean_acceptance_length"], d["per_position"])
-        assert d["lossless"], d
-        assert_consistent(d)
-        assert d["draft_tokens"] > 0, d
+    _assert_all_lossless(proc, res, drafts)
     for draft in drafts:
         assert (f"spec_compat[eagle3-aux-ids-convention]: draft {draft} names aux layer ids [0, 1, 2] in eagle_config; "
                 "assumed convention 'output'") in proc.stderr, (draft, proc.stderr[-4000:])
@@ -226,9 +225,20 @@ def _variant(src: Path, dst: Path, edit) -> Path:
     return dst
 
 
+def _d2t_past_the_vocabulary(src: Path, dst: Path) -> Path:
+    """``src`` with the last entry of its ``d2t`` moved 1000 tokens past the target's vocabulary."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    tensors["d2t"][-1] += 1000
+    save_file(tensors, str(dst / "model.safetensors"))
+    return dst
+
+
 def test_unfit_heads_are_refused_naming_both_sides(fixture_dir, head_dir, tmp_path):
     """One clear error per head, before anything loads: a config that disagrees with its own vocabulary
-    mapping, aux ids past the target's layers (vLLM's config built in one process); a head twice the
+    mapping, a d2t that names tokens past the target's vocabulary, aux ids past the target's layers (vLLM's config built in one process); a head twice the
     target's width through ``vllm serve``: the server exits naming both widths, no engine starts; a head
     that fits passes the same check."""
     kimi = fixture_dir("kimi-k25")
@@ -236,7 +246,9 @@ def test_unfit_heads_are_refused_naming_both_sides(fixture_dir, head_dir, tmp_pa
     bad_vocab = _variant(pruned, tmp_path / "bad-vocab", lambda c: c.update(draft_vocab_size=128))
     bad_ids = _variant(head_dir(MLA), tmp_path / "bad-ids",
                        lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 2, 3]))
-    proc = subprocess.run([sys.executable, "-c", _REFUSALS, str(kimi), str(bad_vocab), str(bad_ids), str(pruned)],
+    bad_d2t = _d2t_past_the_vocabulary(pruned, tmp_path / "bad-d2t")
+    proc = subprocess.run([sys.executable, "-c", _REFUSALS, str(kimi), str(bad_vocab), str(bad_ids), str(bad_d2t),
+                           str(pruned)],
                           capture_output=True, text=True, timeout=600, cwd=str(ROOT))
     assert proc.returncode == 0, proc.stderr[-4000:]
     got = {Path(r["draft"]).name: r["refusal"] for r in
@@ -248,6 +260,8 @@ def test_unfit_heads_are_refused_naming_both_sides(fixture_dir, head_dir, tmp_pa
     assert "the draft's d2t has shape [96], its draft_vocab_size is 128" in got["bad-vocab"]
     assert "the draft's aux layer ids [2, 3, 4] (as served: input convention) include [4], outside 0..3" \
         in got["bad-ids"], got["bad-ids"]
+    assert "the draft's d2t maps 1 of its 96 tokens outside the target's vocabulary of 512 (first: draft token 95 " \
+        "-> target token 1190)" in got["bad-d2t"], got["bad-d2t"]
 
     serve = shutil.which("vllm", path=str(Path(sys.executable).parent))
     assert serve, "no vllm command next to this interpreter"

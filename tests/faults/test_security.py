@@ -40,7 +40,7 @@ TRUST_SITES = {
     "cli/evaluate.py:_text_config": "spec-compat evaluate: trust = declares_remote_code(target)",
     "cli/evaluate.py:_engine_kwargs": "spec-compat evaluate: trust = declares_remote_code(target)",
     "cli/evaluate.py:evaluate": "spec-compat evaluate: trust = declares_remote_code(target)",
-    "cli/evaluate.py:regenerate_chats": "spec-compat demo's regeneration: trust = declares_remote_code(target)",
+    "cli/regenerate.py:regenerate_chats": "spec-compat demo's regeneration: trust = declares_remote_code(target)",
     "cli/compare_drafts.py:evaluate_drafts": "compare_drafts (evaluate for several drafts): trust = "
         "declares_remote_code(target), evaluate's rule",
 }

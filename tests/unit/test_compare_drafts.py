@@ -1,6 +1,6 @@
-"""``python -m spec_compat.cli.compare_drafts``: several drafts, one table / JSON; a spec-compat
-refusal from inside vLLM's config checks in one line (the engine runs are faked here; the real ones:
-tests/engine/test_published_heads.py)."""
+"""``spec-compat evaluate --draft A --draft B``: several drafts, one table / JSON, a plot; a spec-compat
+refusal from inside vLLM's config checks in one line, for one draft or several (the engine runs are
+faked here; the real ones: tests/engine/test_published_heads.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import json
 import pytest
 
 from spec_compat.cli import compare_drafts as cd
+from spec_compat.cli import evaluate as ev
+from spec_compat.cli import main
 from spec_compat.cli.evaluate import EvalResult
 
 
@@ -26,7 +28,7 @@ def test_several_drafts_in_one_table(monkeypatch, capfd, as_json):
         return [_result(), _result(1.25, (0.2, 0.05, 0.0))]
 
     monkeypatch.setattr(cd, "evaluate_drafts", fake)
-    rc = cd.main(["--target", "t", "--draft", "runs/a/draft", "--draft", "runs/b/draft", *(["--json"] if as_json else [])])
+    rc = main(["evaluate", "--target", "t", "--draft", "runs/a/draft", "--draft", "runs/b/draft", *(["--json"] if as_json else [])])
     out, err = capfd.readouterr()
     assert rc == 0, err
     assert "vLLM noise" not in out and "vLLM noise" in err
@@ -45,35 +47,55 @@ def test_several_drafts_in_one_table(monkeypatch, capfd, as_json):
 
 def test_a_lossy_draft_fails_the_run(monkeypatch, capfd):
     monkeypatch.setattr(cd, "evaluate_drafts", lambda *a, **k: [_result(), _result(lossless=False)])
-    assert cd.main(["--target", "t", "--draft", "a", "--draft", "b"]) == 1
+    assert main(["evaluate", "--target", "t", "--draft", "a", "--draft", "b"]) == 1
     assert "outputs differ from the reference with b" in capfd.readouterr().err
 
 
-def test_a_refusal_is_one_line(monkeypatch, capfd):
+def _drafts(n: int) -> list[str]:
+    return [a for i in range(n) for a in ("--draft", f"d{i}")]
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_refusal_is_one_line(monkeypatch, capfd, n):
     def refused(*args, **kwargs):
         raise ValueError("1 validation error for SpeculativeConfig\n  Value error, spec_compat[eagle3-draft-fits-target]: "
                          "the EAGLE-3 draft d does not fit the target t: widths 512 vs 256. Nothing was loaded. "
                          "[type=value_error, input_value=ArgsKwargs(())]")
 
-    monkeypatch.setattr(cd, "evaluate_drafts", refused)
-    assert cd.main(["--target", "t", "--draft", "d"]) == 2
+    monkeypatch.setattr(cd, "evaluate_drafts", refused)  # several drafts
+    monkeypatch.setattr(ev, "evaluate", refused)  # one draft
+    assert main(["evaluate", "--target", "t", *_drafts(n)]) == 2
     assert capfd.readouterr().err.strip().splitlines()[-1] == (
-        "python -m spec_compat.cli.compare_drafts: spec_compat[eagle3-draft-fits-target]: the EAGLE-3 draft d does "
+        "spec-compat evaluate: spec_compat[eagle3-draft-fits-target]: the EAGLE-3 draft d does "
         "not fit the target t: widths 512 vs 256. Nothing was loaded.")
 
 
-def test_other_errors_pass_through(monkeypatch):
+@pytest.mark.parametrize("n", [1, 2])
+def test_other_errors_pass_through(monkeypatch, n):
     def broken(*args, **kwargs):
         raise RuntimeError("engine died")
 
     monkeypatch.setattr(cd, "evaluate_drafts", broken)
+    monkeypatch.setattr(ev, "evaluate", broken)
     with pytest.raises(RuntimeError, match="engine died"):
-        cd.main(["--target", "t", "--draft", "d"])
+        main(["evaluate", "--target", "t", *_drafts(n)])
 
 
-def test_bad_paths_are_refused_before_any_engine(tmp_path, capfd):
-    assert cd.main(["--target", str(tmp_path / "none"), "--draft", str(tmp_path)]) == 2
+@pytest.mark.parametrize("n", [1, 2])
+def test_bad_paths_are_refused_before_any_engine(tmp_path, capfd, n):
+    assert main(["evaluate", "--target", str(tmp_path / "none"), *_drafts(n)]) == 2
     assert "is not a directory" in capfd.readouterr().err
+
+
+def test_one_draft_keeps_evaluates_document_and_plots(monkeypatch, capfd, tmp_path):
+    """One ``--draft``: evaluate's own JSON document (not a list); ``--plot`` draws its line."""
+    plotted = []
+    monkeypatch.setattr(ev, "evaluate", lambda *a, **k: _result())
+    monkeypatch.setattr(cd, "plot_positions", lambda drafts, results, path: plotted.append((drafts, path)) or True)
+    assert main(["evaluate", "--target", "t", "--draft", "d", "--json", "--plot", str(tmp_path / "p.png")]) == 0
+    doc = json.loads(capfd.readouterr().out)
+    assert doc["mean_acceptance_length"] == 2.5 and "drafts" in doc and not isinstance(doc["drafts"], list)
+    assert plotted == [(["d"], str(tmp_path / "p.png"))]
 
 
 def test_plot_without_matplotlib_is_a_warning(monkeypatch, caplog, tmp_path):

@@ -122,6 +122,33 @@ def test_pruned_vocabulary_checked_against_both_sides(tmp_path):
     assert any("holds no d2t mapping" in p for p in dh.fit_problems(cfg, no_map, ids=None, convention="default", **KIMI))
 
 
+@pytest.mark.parametrize("name", ["torchspec-eagle3", "specforge-eagle3"])
+def test_d2t_values_read_from_the_file_and_checked_against_the_target(tmp_path, name):
+    """The d2t values come from the file alone (its header's offsets); every draft token must land in
+    the target's vocabulary (vLLM indexes the target's logits with them)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    head = build_head(name, tmp_path / "head", draft_vocab=96)
+    written = load_file(str(head / "model.safetensors"))["d2t"]
+    d2t = dh.integer_tensor(head, "d2t")
+    assert d2t == written.tolist() and len(d2t) == 96
+    assert dh.d2t_problems(d2t, 512) == []
+    # the same head against a smaller target vocabulary: the top draft tokens land outside it
+    smaller = dh.d2t_problems(d2t, 100)
+    assert len(smaller) == 1 and smaller[0].startswith("the draft's d2t maps ") and "vocabulary of 100" in smaller[0]
+    # a corrupted entry, written as int32 this time
+    tensors = load_file(str(head / "model.safetensors"))
+    tensors["d2t"] = tensors["d2t"].to(torch.int32)
+    tensors["d2t"][3] = -10
+    save_file(tensors, str(head / "model.safetensors"))
+    assert dh.d2t_problems(dh.integer_tensor(head, "d2t"), 512) == [
+        "the draft's d2t maps 1 of its 96 tokens outside the target's vocabulary of 512 (first: draft token 3 -> "
+        "target token -7)"]
+    assert dh.integer_tensor(head, "t2d") is None  # t2d is a bool mask: not an integer tensor
+    assert dh.integer_tensor(head, "no-such-tensor") is None
+
+
 def test_aux_ids_outside_the_target(tmp_path):
     head = build_head("torchspec-eagle3-mla", tmp_path / "mla")
     cfg = _cfg(head)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
@@ -48,9 +47,10 @@ def _watch(instance: Any) -> Any:
 
 async def _create_completion(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     result = await wrapped(*args, **kwargs)
+    from ...shims.hidden_states.offline_store import is_store_manifest
+
     params = getattr(result, "kv_transfer_params", None)
-    # a Mooncake answer: the transfer manifest (its handle and tensor layout), nothing else
-    if not (isinstance(params, Mapping) and isinstance(params.get("handle"), str) and "tensors" in params):
+    if not is_store_manifest(params):  # a Mooncake answer (the transfer manifest) only
         return result
     watch = _watch(instance)
     if watch is None:

@@ -161,7 +161,7 @@ def _default_ids(spec: Any, layers: int) -> tuple[int, ...] | None:
 
 
 def _check_fit(spec: Any) -> None:
-    from ...shims.draft_heads import KEY, DraftFitError, fit_problems, tensor_shapes
+    from ...shims.draft_heads import KEY, DraftFitError, d2t_problems, fit_problems, integer_tensor, tensor_shapes
 
     hidden, vocab, layers = _target_facts(spec)
     draft_dir = spec.draft_model_config.model
@@ -171,6 +171,8 @@ def _check_fit(spec: Any) -> None:
     shapes = tensor_shapes(draft_dir) if os.path.isdir(draft_dir) else {}
     problems = fit_problems(spec.draft_model_config.hf_config, shapes, target_hidden=hidden, target_vocab=vocab,
                             target_layers=layers, ids=ids, convention=convention)
+    if not problems and shapes:
+        problems = d2t_problems(integer_tensor(draft_dir, "d2t"), vocab)
     if problems:
         target = spec.target_model_config.model
         raise DraftFitError(f"spec_compat[eagle3-draft-fits-target]: the EAGLE-3 draft {draft_dir} does not fit the target "
@@ -182,12 +184,13 @@ def _check_fit(spec: Any) -> None:
 class Eagle3DraftFitsTarget(Patch):
     """vLLM 0.15/0.16 load a draft head whose width, vocabulary mapping or aux ids do not fit the
     target and fail later: a head twice the target's width dies in the engine's first step
-    (no message names the two widths); a d2t of the wrong length fails in the weight loader."""
+    (no message names the two widths); a d2t of the wrong length fails in the weight loader, one that
+    names tokens past the target's vocabulary indexes its logits out of range."""
 
     id = "eagle3-draft-fits-target"
     proof = Proof("guard", f"{HEADS_TEST}::test_unfit_head_is_refused_before_loading",
                   r"RuntimeError: mat1 and mat2 shapes cannot be multiplied \(\d+x768 and 1536x512\)", using="kimi-k25")
-    summary = ("an EAGLE-3 head whose fc width, target_hidden_size, vocabulary (d2t / t2d / lm_head) or aux ids "
+    summary = ("an EAGLE-3 head whose fc width, target_hidden_size, vocabulary (d2t shape and values / t2d / lm_head) or aux ids "
                "do not fit the target is refused at configuration, naming both sides, before any weight loads")
     upstream = "vLLM 0.15/0.16 config/speculative.py checks none of them (S3)"
     fixes = ("S3",)

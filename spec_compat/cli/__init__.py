@@ -13,7 +13,7 @@ of that command), so ``spec-compat report`` never imports the demo's or the eval
                                    (demo.py; its steps in demo_steps.py)
   evaluate --target DIR --draft DIR [--draft DIR ...] [--plot PNG] [--json]
                                    serve the drafts: lossless check and acceptance per position,
-                                   one table for several drafts (evaluate.py, compare_drafts.py)
+                                   one table for several drafts (compare_drafts.py; one draft's run: evaluate.py)
 
 ``--json`` writes exactly one JSON document on stdout; logs go to stderr (console.py).
 """
@@ -35,7 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "selftest": ("selftest", "stock extraction in this environment vs a transformers reference"),
     "demo": ("demo", "the stock pipeline on a tiny fixture: regenerate chats with the target, preprocess, extract "
                      "(vLLM), vocab mapping, train an EAGLE-3 draft, reload it, serve it (evaluate), report"),
-    "evaluate": ("evaluate", "serve EAGLE-3 drafts in vLLM: greedy outputs with and without each must be identical; "
+    "evaluate": ("compare_drafts", "serve EAGLE-3 drafts in vLLM: greedy outputs with and without each must be identical; "
                              "prints acceptance length, acceptance rate and per-position acceptance, one row per draft"),
     "fixture": ("fixture", "write a deterministic tiny checkpoint, or a random-weight EAGLE-3 head in a published "
                            "format (TorchSpec, SpecForge, ModelOpt)"),

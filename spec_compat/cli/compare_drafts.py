@@ -1,4 +1,5 @@
-"""``spec-compat evaluate --target T --draft A --draft B ...``: several EAGLE-3
+"""``spec-compat evaluate --target T --draft A [--draft B ...]``: the command (its one-draft run is
+:func:`spec_compat.cli.evaluate.evaluate`) and several EAGLE-3
 drafts (any format vLLM + spec-compat serve) on the same prompts -- one reference run without
 speculation, one run per draft, each checked lossless against the reference -- in one table (and a
 per-position acceptance plot where matplotlib is installed).
@@ -11,6 +12,7 @@ that does not fit the target) is reported in one line, exit status 2.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import sys
@@ -18,8 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .console import stdout_to_stderr
 from .evaluate import (EvalResult, EvaluateError, _check_eagle3_draft, _check_model_dir, _engine_kwargs, _generate,
-                       declares_remote_code, load_prompts, serving_unsupported, summarise)
+                       declares_remote_code, evaluate, load_prompts, serving_unsupported, summarise, table)
 
 log = logging.getLogger("spec_compat")
 
@@ -124,5 +127,61 @@ def report_several(drafts: Sequence[str], results: Sequence[Any], as_json: bool,
     bad = [str(d) for d, r in zip(drafts, results) if not r.lossless]
     if bad:
         print(f"spec-compat evaluate: outputs differ from the reference with {', '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_arguments(command: str, e: argparse.ArgumentParser) -> None:
+    e.epilog = "Exit status: 0 lossless (every draft), 1 outputs differ, 2 bad input or a draft refused."
+    e.add_argument("--target", required=True, help="target (verifier) checkpoint directory")
+    e.add_argument("--draft", required=True, action="append",
+                   help="EAGLE-3 draft directory: speculators' format, vLLM's, or a published head's (TorchSpec, "
+                        "SpecForge, ModelOpt); repeat for several drafts on the same prompts, one table")
+    e.add_argument("--prompts", default=None, help="prompts file: .jsonl with prompt_token_ids, prompt or "
+                                                   "messages/conversations per line, or one raw prompt per line "
+                                                   "(default: spec-compat's 16 held-out chat prompts)")
+    e.add_argument("--k", type=int, default=3, help="speculative tokens per draft (default 3)")
+    e.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt (default 64)")
+    e.add_argument("--max-model-len", type=int, default=2048, help="engine max_model_len (default 2048)")
+    e.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    e.add_argument("--compile", action="store_true", help="let vLLM compile / capture graphs "
+                                                         "(default: enforce_eager)")
+    e.add_argument("--plot", default=None, metavar="PNG",
+                   help="write the per-position acceptance plot, one line per draft (needs matplotlib)")
+    e.add_argument("--json", action="store_true", help='one draft: {"lossless", "drafts", "draft_tokens", '
+                                                      '"accepted_tokens", "acceptance_rate", '
+                                                      '"mean_acceptance_length", "per_position", ...}; several: '
+                                                      '{"drafts": [{"draft", "lossless", ...}, ...]}')
+    e.set_defaults(func=cmd_evaluate)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    drafts = list(args.draft)
+    try:
+        with stdout_to_stderr():  # vLLM logs to stdout: stdout holds the table or the JSON only
+            if len(drafts) == 1:
+                results = [evaluate(args.target, drafts[0], prompts=args.prompts, k=args.k, max_tokens=args.max_tokens,
+                                    max_model_len=args.max_model_len, limit=args.limit, eager=not args.compile)]
+            else:
+                results = evaluate_drafts(args.target, drafts, prompts=args.prompts, k=args.k,
+                                          max_tokens=args.max_tokens, max_model_len=args.max_model_len,
+                                          limit=args.limit, eager=not args.compile)
+    except EvaluateError as exc:
+        print(f"spec-compat evaluate: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001  (a spec-compat refusal raised inside vLLM's config checks)
+        refusal = spec_compat_refusal(exc)
+        if refusal is None:
+            raise
+        print(f"spec-compat evaluate: {refusal}", file=sys.stderr)
+        return 2
+    if len(drafts) > 1:
+        return report_several(drafts, results, args.json, args.plot)
+    res = results[0]
+    print(json.dumps(res.as_dict()) if args.json else table(res))
+    if args.plot:
+        plot_positions(drafts, results, args.plot)
+    if not res.lossless:
+        print("spec-compat evaluate: outputs with the draft differ from outputs without it", file=sys.stderr)
         return 1
     return 0

@@ -16,7 +16,7 @@ import pytest
 
 from spec_compat.cli import main
 from spec_compat.cli import demo as demo_cli
-from spec_compat.cli import evaluate as evaluate_cli
+from spec_compat.cli import compare_drafts as evaluate_cli  # the evaluate command
 from spec_compat.cli import report as report_cli
 from spec_compat.cli.console import Progress, progress_for
 from spec_compat.cli.evaluate import EvalResult

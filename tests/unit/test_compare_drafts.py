@@ -9,7 +9,6 @@ import json
 import pytest
 
 from spec_compat.cli import compare_drafts as cd
-from spec_compat.cli import evaluate as ev
 from spec_compat.cli import main
 from spec_compat.cli.evaluate import EvalResult
 
@@ -63,7 +62,7 @@ def test_a_refusal_is_one_line(monkeypatch, capfd, n):
                          "[type=value_error, input_value=ArgsKwargs(())]")
 
     monkeypatch.setattr(cd, "evaluate_drafts", refused)  # several drafts
-    monkeypatch.setattr(ev, "evaluate", refused)  # one draft
+    monkeypatch.setattr(cd, "evaluate", refused)  # one draft
     assert main(["evaluate", "--target", "t", *_drafts(n)]) == 2
     assert capfd.readouterr().err.strip().splitlines()[-1] == (
         "spec-compat evaluate: spec_compat[eagle3-draft-fits-target]: the EAGLE-3 draft d does "
@@ -76,7 +75,7 @@ def test_other_errors_pass_through(monkeypatch, n):
         raise RuntimeError("engine died")
 
     monkeypatch.setattr(cd, "evaluate_drafts", broken)
-    monkeypatch.setattr(ev, "evaluate", broken)
+    monkeypatch.setattr(cd, "evaluate", broken)
     with pytest.raises(RuntimeError, match="engine died"):
         main(["evaluate", "--target", "t", *_drafts(n)])
 
@@ -90,7 +89,7 @@ def test_bad_paths_are_refused_before_any_engine(tmp_path, capfd, n):
 def test_one_draft_keeps_evaluates_document_and_plots(monkeypatch, capfd, tmp_path):
     """One ``--draft``: evaluate's own JSON document (not a list); ``--plot`` draws its line."""
     plotted = []
-    monkeypatch.setattr(ev, "evaluate", lambda *a, **k: _result())
+    monkeypatch.setattr(cd, "evaluate", lambda *a, **k: _result())
     monkeypatch.setattr(cd, "plot_positions", lambda drafts, results, path: plotted.append((drafts, path)) or True)
     assert main(["evaluate", "--target", "t", "--draft", "d", "--json", "--plot", str(tmp_path / "p.png")]) == 0
     doc = json.loads(capfd.readouterr().out)

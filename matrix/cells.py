@@ -363,5 +363,6 @@ CELLS: dict[str, Cell] = {
     )
 }
 
-# installed into every cell next to the packages under test
-TEST_REQUIREMENTS = ("pytest>=7", "hypothesis>=6.100", "wrapt>=1.14", "packaging>=21")
+# installed into every cell next to the packages under test (matplotlib: spec-compat evaluate's --plot,
+# tests/unit/test_compare_drafts.py draws it)
+TEST_REQUIREMENTS = ("pytest>=7", "hypothesis>=6.100", "wrapt>=1.14", "packaging>=21", "matplotlib>=3.7")

@@ -111,3 +111,28 @@ def test_plot_without_matplotlib_is_a_warning(monkeypatch, caplog, tmp_path):
     assert cd.plot_positions(["a"], [_result()], str(tmp_path / "p.png")) is False
     assert not (tmp_path / "p.png").exists()
     assert "--plot needs matplotlib" in caplog.text
+
+
+def test_plot_draws_one_line_per_draft(tmp_path):
+    """With matplotlib (a test requirement of every cell, matrix/cells.py): a PNG with a line and a
+    legend entry per draft, each naming its acceptance length."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    saved = []
+    real_savefig = plt.Figure.savefig
+
+    def keep(fig, path, *args, **kwargs):
+        saved.append([(line.get_label(), list(line.get_ydata())) for line in fig.axes[0].get_lines()])
+        return real_savefig(fig, path, *args, **kwargs)
+
+    plt.Figure.savefig = keep
+    try:
+        assert cd.plot_positions(["runs/a/draft", "runs/b/draft"], [_result(), _result(1.25, (0.2, 0.05, 0.0))],
+                                 str(tmp_path / "p.png")) is True
+    finally:
+        plt.Figure.savefig = real_savefig
+    png = (tmp_path / "p.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    assert saved == [[("a/draft (acceptance length 2.50)", [0.75, 0.5, 0.25]),
+                      ("b/draft (acceptance length 1.25)", [0.2, 0.05, 0.0])]]

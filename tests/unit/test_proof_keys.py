@@ -66,7 +66,7 @@ def test_every_process_of_a_run_traces_what_it_imports(tmp_path):
     assert not any("elsewhere" in n for n in noted), noted
 
 
-def test_traced_inputs_keep_the_proven_patch_and_drop_other_patch_modules(tmp_path):
+def test_traced_inputs_keep_the_proven_patch_and_drop_other_patch_modules_and_the_core(tmp_path):
     trace = tmp_path / "trace"
     trace.mkdir()
     (trace / "1.trace").write_text(json.dumps({"prefix": "/env/a", "versions": {"torch": "2.10.0"}}) + "\n" + "\n".join([
@@ -74,8 +74,8 @@ def test_traced_inputs_keep_the_proven_patch_and_drop_other_patch_modules(tmp_pa
         "spec_compat/patches/serving/cpu_spec_decode.py", "spec_compat/patches/extraction/__init__.py",
         "spec_compat/core/manifest.py", "tests/support/ehs_engine.py", "no/such/file.py"]) + "\n")
     files, envs = traced_inputs(trace, {"spec_compat/patches/extraction/worker.py"})
-    assert files == {"spec_compat/core/registry.py", "spec_compat/patches/extraction/worker.py",
-                     "spec_compat/patches/extraction/__init__.py", "tests/support/ehs_engine.py"}
+    assert files == {"spec_compat/patches/extraction/worker.py", "spec_compat/patches/extraction/__init__.py",
+                     "tests/support/ehs_engine.py"}
     assert envs == {"/env/a": {"torch": "2.10.0"}}
 
 
@@ -186,3 +186,69 @@ def test_the_client_environment_is_named_whatever_its_python_links_to(tmp_path, 
     monkeypatch.setattr(proof_keys, "env_versions", lambda py: seen.append(py) or {"torch": "1"})
     assert proof_keys.CurrentEnvs().get("/elsewhere/envs/cellx.client") == {"torch": "1"}
     assert seen == [str(Path(os.path.realpath(env)) / "bin" / "python")]
+
+
+def _copy_of_inputs(records, tmp_path: Path) -> Path:
+    copy = tmp_path / "tree"
+    for f in {f for _n, _p, rec in records for f in rec["inputs"]["files"]} | {"spec_compat/core/registry.py"}:
+        if (ROOT / f).is_file():
+            (copy / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / f, copy / f)
+    return copy
+
+
+def _keys(records, copy: Path) -> dict[str, str]:
+    from spec_compat import REGISTRY
+    from spec_compat import patches  # noqa: F401
+
+    return {name: current_key(pid, repr(REGISTRY.get(pid).proof), rec["inputs"],
+                              _RecordedEnvs(rec["inputs"]["versions"]), copy) for name, pid, rec in records}
+
+
+def test_the_shared_core_is_an_input_of_no_proof():
+    """The registry, the undo log, switches, versions, hooks and the plugin entry point are loaded by
+    every run; ordinary tests guard them on every CI run, so a lint fix there re-runs no proof."""
+    from proof_keys import is_core
+
+    records = _records()
+    assert records
+    with_core = [(n, p, rec) for n, p, rec in records if any(is_core(f) for f in rec["inputs"]["files"])]
+    assert len(with_core) < len(records)
+    # only a record made under the earlier rule names the core, and it is stale: CI re-runs and re-keys it
+    current = _keys(with_core, ROOT)
+    assert not [n for n, _p, rec in with_core if current[n] == rec["key"]]
+    for core in ("spec_compat/core/registry.py", "spec_compat/core/switches.py", "spec_compat/plugin.py",
+                 "spec_compat/__init__.py"):
+        assert is_core(core)
+    assert not is_core("spec_compat/cli/selftest.py") and not is_core("spec_compat/shims/capture.py")
+
+
+def test_a_planted_change_in_one_patch_unit_moves_exactly_its_proofs(tmp_path):
+    """A one-line change in a patch module moves the keys of the proofs of the patches it declares (and
+    of those declaring it in ``depends_on`` / ``after``), and no other key."""
+    import proof_keys
+    from spec_compat import REGISTRY
+    from spec_compat import patches  # noqa: F401
+
+    records = _records()
+    unit = "spec_compat/patches/hidden_states/render.py"
+    owners = {name for name, pid, _rec in records
+              if unit in proof_keys.patch_modules(REGISTRY.get(pid), REGISTRY)}
+    assert owners, f"no recorded proof of a patch in {unit}"
+    copy = _copy_of_inputs(records, tmp_path)
+    before = _keys(records, copy)
+    with (copy / unit).open("a") as fh:
+        fh.write("PLANTED_CHANGE = True\n")
+    after = _keys(records, copy)
+    moved = {n for n in before if before[n] != after[n]}
+    assert moved == owners, sorted(moved ^ owners)
+    print(f"{unit}: {len(moved)} of {len(records)} recorded proofs move: {sorted(moved)}")
+
+
+def test_an_f_string_without_a_placeholder_keys_as_the_string_it_spells(tmp_path):
+    (tmp_path / "a.py").write_text('X = f"abc"\nY = f"a{X}"\n')
+    key = digest("p", "decl", ["a.py"], VERSIONS, tmp_path)
+    (tmp_path / "a.py").write_text('X = "abc"\nY = f"a{X}"\n')
+    assert digest("p", "decl", ["a.py"], VERSIONS, tmp_path) == key
+    (tmp_path / "a.py").write_text('X = "abc"\nY = "a{X}"\n')
+    assert digest("p", "decl", ["a.py"], VERSIONS, tmp_path) != key

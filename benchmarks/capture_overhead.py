@@ -604,7 +604,7 @@ def main() -> int:
     for k, v in per_cycle.items():
         print(f"  {k} per cycle: median {v['median']:.3f}  quartiles {v['q1']:.3f} .. {v['q3']:.3f}  "
               f"min {v['min']:.3f}  max {v['max']:.3f}  (>= 1.0 in {v['share_ge_1']:.0%} of {v['n']})")
-        print(f"    per round (median of its cycles): " + " ".join(f"{x:.3f}" for x in v["per_round_medians"])
+        print("    per round (median of its cycles): " + " ".join(f"{x:.3f}" for x in v["per_round_medians"])
               + f"  -> median of rounds {v['median_of_rounds']:.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"model": args.model, "seqs": args.seqs, "len": args.length,

@@ -23,7 +23,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from . import stacking, switches
 from .changes import Changes

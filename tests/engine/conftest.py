@@ -19,7 +19,7 @@ import pytest
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
 
-import spec_compat  # noqa: E402  (before speculators, as users do)
+import spec_compat  # noqa: E402,F401  (before speculators, as users do)
 
 ROOT = Path(__file__).resolve().parents[2]
 MISSING = [m for m in ("vllm", "speculators", "torch", "transformers") if importlib.util.find_spec(m) is None]

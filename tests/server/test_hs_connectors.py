@@ -18,7 +18,6 @@ On vLLM 0.15/0.16 the fp8 connector needs ``ehs-connector-module``, and speculat
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

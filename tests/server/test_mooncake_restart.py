@@ -25,7 +25,7 @@ from pathlib import Path
 
 from test_mooncake import SIZES, _server, kv_config, mooncake_master  # noqa: F401 (a fixture)
 from test_speculators_client import _compare, _rows
-from test_speculators_pipeline import _client_env, _server_class
+from test_speculators_pipeline import _client_env
 
 #: round trips over the endpoints; each row's attempts and when it came back
 _CLIENT = r"""
@@ -82,7 +82,7 @@ def _kill_tree(pid: int) -> None:
         _kill_tree(child)
 
 
-def test_every_sample_arrives_once_when_a_server_dies_and_comes_back(fixture_model, client_python, mooncake_master,
+def test_every_sample_arrives_once_when_a_server_dies_and_comes_back(fixture_model, client_python, mooncake_master,  # noqa: F811
                                                                       tmp_path):
     import sys
 

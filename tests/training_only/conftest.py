@@ -20,7 +20,7 @@ import pytest
 # would un-compile speculators' draft for the engine tests too (draft-eager-without-cuda keeps CPU
 # runs uncompiled anyway).
 
-import spec_compat  # noqa: E402  (before speculators, as users do)
+import spec_compat  # noqa: E402,F401  (before speculators, as users do)
 from spec_compat.core.versions import in_range, installed_version  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -148,7 +148,7 @@ def test_demo_failure_names_the_log(monkeypatch, capfd, tmp_path):
         main(["demo", "--out", str(out_dir), "--json"])
     out, err = capfd.readouterr()
     assert out == ""
-    assert f"[demo 2/2] failing step ... FAILED after" in err and f"log: {out_dir / 'demo.log'}" in err
+    assert "[demo 2/2] failing step ... FAILED after" in err and f"log: {out_dir / 'demo.log'}" in err
     assert "ZeroDivisionError" in (out_dir / "demo.log").read_text()
 
 

@@ -215,7 +215,7 @@ def _fp8_like_override(seen):
 
 
 def test_an_override_writes_its_own_bytes_atomically_under_the_lock(tmp_path):
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     seen = []
     w = BackgroundWriter()

@@ -9,7 +9,6 @@ import logging
 import shutil
 import sys
 import textwrap
-import types
 from pathlib import Path
 
 import pytest

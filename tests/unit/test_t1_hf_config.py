@@ -29,8 +29,8 @@ def test_annotation_names_of_a_string():
 
 def test_forward_strings_finds_nested_references_but_not_literal_values():
     assert list(hf_config.forward_strings("str | torch.dtype")) == ["str | torch.dtype"]
-    assert list(hf_config.forward_strings(Union[str, "torch.dtype"] | None)) == ["torch.dtype"]  # 5.4 shape
-    assert list(hf_config.forward_strings(Optional[list["Foo"]])) == ["Foo"]
+    assert list(hf_config.forward_strings(Union[str, "torch.dtype"] | None)) == ["torch.dtype"]  # noqa: F821 (5.4 shape)
+    assert list(hf_config.forward_strings(Optional[list["Foo"]])) == ["Foo"]  # noqa: F821
     assert list(hf_config.forward_strings(Literal["regression", "single_label"] | None)) == []
     assert list(hf_config.forward_strings(Annotated[int, "metadata"])) == []
     assert list(hf_config.forward_strings(int)) == []

@@ -9,7 +9,6 @@ capture-per-request and capture-handoff-shm wrap it, in that order.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
 
 from ...core.proof import Claim, Proof, SELFTEST
 from ...core.registry import Changes, Patch, register

@@ -35,7 +35,7 @@ def _current_slots() -> Any:
         return None
     mapping = get_forward_context().slot_mapping
     if isinstance(mapping, list):
-        raise RuntimeError(f"spec_compat[ehs-capture]: micro-batched forward contexts are not supported")
+        raise RuntimeError("spec_compat[ehs-capture]: micro-batched forward contexts are not supported")
     if not mapping:
         return None
     return next(iter(mapping.values()))
@@ -73,7 +73,7 @@ def _install(runner: Any, kv_cache_config: Any) -> Any:
         h.remove()
     runner._spec_compat_ehs_hooks = install_capture(stack.layers, store, _current_slots)
     if not has_kv_transfer_group():
-        raise RuntimeError(f"spec_compat[ehs-capture]: no KV connector in this worker")
+        raise RuntimeError("spec_compat[ehs-capture]: no KV connector in this worker")
     connector = get_kv_transfer_group()
     if hasattr(connector, "attach_store"):  # the backport's connector; others read the cache layer
         connector.attach_store(store)

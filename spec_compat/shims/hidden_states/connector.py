@@ -101,7 +101,7 @@ class HiddenStatesConnector(KVConnectorBase_V1):
 
             if get_tensor_model_parallel_rank() != 0:
                 return  # rank 0 writes
-            raise RuntimeError(f"spec_compat[ehs-capture]: no hidden-state store in this worker: the patch ehs-capture is "
+            raise RuntimeError("spec_compat[ehs-capture]: no hidden-state store in this worker: the patch ehs-capture is "
                                "not applied (it covers vLLM's CPU model runner), nothing captures the layers")
         metadata = {"layer_ids": ",".join(map(str, self.store.layer_ids))}
         if self.writer is None:

@@ -79,7 +79,7 @@ def hidden_states_tensors(rows: Any, token_ids: Any) -> dict[str, Any]:
     if not rows.is_floating_point():
         raise ValueError(f"spec_compat[ehs-capture]: hidden_states must have a floating dtype, got {rows.dtype}")
     if rows.shape[0] == 0:
-        raise ValueError(f"spec_compat[ehs-capture]: hidden_states has no rows (T = 0)")
+        raise ValueError("spec_compat[ehs-capture]: hidden_states has no rows (T = 0)")
     if isinstance(token_ids, torch.Tensor):
         if token_ids.dtype != torch.int64:
             raise ValueError(f"spec_compat[ehs-capture]: token_ids must be int64, got {token_ids.dtype}")

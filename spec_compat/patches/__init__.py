@@ -1,5 +1,7 @@
-"""Registered patches, grouped by what they fix.  Importing this package registers every patch;
-it imports no target (targets are reached lazily through post-import hooks).
+"""Registered patches, grouped by what they fix.  Importing this package registers every patch:
+each module of these folders is found and imported (no list to keep by hand); a module declares its
+patches with ``@register``.  No target is imported here (targets are reached lazily through
+post-import hooks).
 
 * ``extraction/`` - speculators' hidden-state extraction through vLLM: its generator (0.3.x and
   0.4.x lines), the worker extension, the CPU platform, Kimi-K2.5 loading, preprocessing
@@ -11,20 +13,31 @@ it imports no target (targets are reached lazily through post-import hooks).
   on vLLM 0.15/0.16
 * ``native_cpu/`` - vLLM's own extraction API (>= 0.17) on the PyPI CPU build, without a GPU
 
-The import order below is the registration order (``PATCH_IDS``, the order of ``report``).
+Registration order (``PATCH_IDS``, the order of ``report``, the tie-break of the installation
+order, which follows each patch's ``after``) is the modules' dotted names sorted, then the order
+of the declarations within a module.  Modules whose name starts with ``_`` and ``ranges`` hold
+shared helpers and are imported by the patches that use them.
 """
 
-from .extraction import generator_spec03, generator_driver_wait, generator_tokenizer  # noqa: F401
-from .extraction import generator_spec04, generator_checks_threads  # noqa: F401
-from .extraction import cpu_platform, worker, kimi_k25, preprocessing  # noqa: F401
-from .training import verifier, without_cuda, as_served, precision, draft_reload  # noqa: F401
-from .training import transformers5, spec09_cpu, fused_loss  # noqa: F401
-from .serving import cpu_spec_decode, eagle3_deepseek, eagle3_norms  # noqa: F401
-from .hidden_states import config, capture, http_errors, render, connector_module  # noqa: F401
-from .hidden_states import cache_group, host_streams  # noqa: F401
-from .native_cpu import dist_alias, connector_host_copy  # noqa: F401
-from .extraction import kimi_tokenizer, offline_checks  # noqa: F401
-from .hidden_states import transfer_checks, master_check  # noqa: F401
-from .serving import published_heads, head_convert  # noqa: F401
-from .hidden_states import mooncake_answer  # noqa: F401
-from .hidden_states import offline_store  # noqa: F401
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+#: modules of this package that declare no patch (shared helpers, imported where used)
+HELPERS = ("ranges",)
+
+
+def _discover() -> tuple[str, ...]:
+    """Import every patch module under this package, in sorted order; their dotted names."""
+    found = []
+    for info in pkgutil.walk_packages(__path__, f"{__name__}."):
+        leaf = info.name.rsplit(".", 1)[-1]
+        if not info.ispkg and not leaf.startswith("_") and leaf not in HELPERS:
+            found.append(info.name)
+    for name in sorted(found):
+        importlib.import_module(name)
+    return tuple(sorted(found))
+
+
+MODULES = _discover()

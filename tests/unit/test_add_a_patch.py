@@ -1,10 +1,11 @@
 """The README's "Adding a patch" walkthrough, done on a copy of the package.
 
-A throwaway patch is declared in a new module of a copied ``spec_compat/patches/``; after the
-one regenerate command (``tools/regenerate``) it is in the manifest, in the patch table and in
-``report --json``, and importing its target module applies it.  Before the command,
-``tools/regenerate --check`` names both stale files and the import does not reach the patch
-(``import spec_compat`` hooks only the manifest's modules).
+A throwaway patch is declared in a new module of a copied ``spec_compat/patches/`` (found by
+discovery: no list names it), with its proof test and a CHANGELOG line; after the one regenerate
+command (``tools/regenerate``) it is in the manifest, in the patch table and in ``report --json``,
+and importing its target module applies it.  Before the command, ``tools/regenerate --check`` names
+both stale files and the import does not reach the patch (``import spec_compat`` hooks only the
+manifest's modules).  The files written by hand are counted: README states the count.
 """
 
 from __future__ import annotations
@@ -50,14 +51,37 @@ class WalkthroughGreeting(Patch):
 TARGET_MODULE = 'def greet():\n    return "hello"\n'
 
 
+PROOF_TEST = '''\
+def test_walkthrough():
+    import walkthrough_target
+
+    assert walkthrough_target.greet() == "hello, world"
+'''
+
+#: at most this many files are written by hand to add a patch (README, "Adding a patch")
+HAND_WRITTEN_AT_MOST = 4
+
+
 def _copy(tmp: Path) -> Path:
     root = tmp / "checkout"
     shutil.copytree(ROOT / "spec_compat", root / "spec_compat",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (root / "docs").mkdir()
-    shutil.copy(ROOT / "docs" / "patches.md", root / "docs" / "patches.md")
+    for doc in ("patches.md", "failures.md"):
+        shutil.copy(ROOT / "docs" / doc, root / "docs" / doc)
+    shutil.copy(ROOT / "CHANGELOG.md", root / "CHANGELOG.md")
+    (root / "tests" / "unit").mkdir(parents=True)
     (root / "walkthrough_target.py").write_text(TARGET_MODULE)
     return root
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and "__pycache__" not in p.parts}
+
+
+def _changed(before: dict[str, bytes], after: dict[str, bytes]) -> set[str]:
+    return {f for f in before.keys() | after.keys() if before.get(f) != after.get(f)}
 
 
 def _run(root: Path, *args: str) -> subprocess.CompletedProcess:
@@ -74,10 +98,15 @@ def _greeting(root: Path) -> str:
 
 def test_walkthrough(tmp_path):
     root = _copy(tmp_path)
-    # step 1: the declaration, in a module of its own, imported by the patches package
+    start = _snapshot(root)
+    # step 1, by hand: the unit (declaration and behaviour, found by discovery), its proof test, a CHANGELOG line
     (root / "spec_compat" / "patches" / "walkthrough.py").write_text(PATCH_MODULE)
-    with (root / "spec_compat" / "patches" / "__init__.py").open("a") as f:
-        f.write("from . import walkthrough  # noqa: F401\n")
+    (root / "tests" / "unit" / "test_add_a_patch.py").write_text(PROOF_TEST)
+    changelog = root / "CHANGELOG.md"
+    changelog.write_text(changelog.read_text().replace("\n\n", "\n\n- `walkthrough-greeting`: greet() says "
+                                                       "'hello, world' (walkthrough).\n\n", 1))
+    by_hand = _changed(start, _snapshot(root))
+    assert len(by_hand) <= HAND_WRITTEN_AT_MOST, sorted(by_hand)
 
     stale = _run(root, str(REGENERATE), "--check", "--root", str(root))
     assert stale.returncode == 1, stale.stderr
@@ -86,8 +115,13 @@ def test_walkthrough(tmp_path):
     assert _greeting(root) == "hello"  # the manifest does not name walkthrough_target yet
 
     # step 2: the one regenerate command
+    before_regenerate = _snapshot(root)
     done = _run(root, str(REGENERATE), "--root", str(root))
     assert done.returncode == 0, done.stderr
+    generated = _changed(before_regenerate, _snapshot(root))
+    assert generated == {"spec_compat/core/manifest.py", "docs/patches.md"}, sorted(generated)
+    print(f"adding a patch: {len(by_hand)} files by hand ({', '.join(sorted(by_hand))}), "
+          f"{len(generated)} generated ({', '.join(sorted(generated))})")
     again = _run(root, str(REGENERATE), "--check", "--root", str(root))
     assert again.returncode == 0, again.stderr
 

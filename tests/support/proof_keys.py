@@ -64,6 +64,24 @@ def is_core(name: str) -> bool:
     return name in CORE[:-1] or name.startswith(CORE[-1])
 
 
+def is_unit(name: str, root: Path = ROOT) -> bool:
+    """Whether ``name`` is a patch unit: a module under ``spec_compat/patches/`` that declares a patch
+    (a class under ``@register``).  The helpers beside the units (``_guards.py``, ``ranges.py``, shared
+    targets) are not units: they count for every proof whose unit imports them."""
+    if not name.startswith(PATCHES) or not name.endswith(".py") or name.endswith("__init__.py"):
+        return False
+    path = root / name
+    if not path.is_file():
+        return False
+    for node in ast.walk(ast.parse(path.read_bytes())):
+        if isinstance(node, ast.ClassDef):
+            for deco in node.decorator_list:
+                if (isinstance(deco, ast.Name) and deco.id == "register") or (
+                        isinstance(deco, ast.Attribute) and deco.attr == "register"):
+                    return True
+    return False
+
+
 def _is_library(name: str) -> bool:
     """Patch units and the adapters they install: kept in a key only where the proven patch or the
     harness reaches them."""
@@ -141,8 +159,7 @@ def static_closure(paths: Iterable[Path], root: Path = ROOT, keep_patches: Itera
             continue
         seen.add(p)
         name = p.relative_to(root).as_posix()
-        if name in NOT_INPUTS or is_core(name) or (
-                name.startswith(PATCHES) and name not in keep and not name.endswith("__init__.py")):
+        if name in NOT_INPUTS or is_core(name) or (name not in keep and is_unit(name, root)):
             continue
         out.add(name)
         if p.suffix == ".py":
@@ -191,7 +208,7 @@ def traced_inputs(trace_dir: Path, keep_patches: Iterable[str]) -> tuple[set[str
         for name in lines[1:]:
             if not name or name in NOT_INPUTS or not (ROOT / name).is_file():
                 continue
-            if name.startswith(PATCHES) and name not in keep and not name.endswith("__init__.py"):
+            if name not in keep and is_unit(name):
                 continue
             files.add(name)
     return key_inputs(files, keep), envs

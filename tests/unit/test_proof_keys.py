@@ -252,3 +252,15 @@ def test_an_f_string_without_a_placeholder_keys_as_the_string_it_spells(tmp_path
     assert digest("p", "decl", ["a.py"], VERSIONS, tmp_path) == key
     (tmp_path / "a.py").write_text('X = "abc"\nY = "a{X}"\n')
     assert digest("p", "decl", ["a.py"], VERSIONS, tmp_path) != key
+
+
+def test_the_helpers_beside_the_units_count_for_the_proofs_whose_units_import_them():
+    """``patches/_guards.py`` (shape checks shared by units) is no unit: a recorded proof whose unit
+    imports it lists it, so a change there re-runs those proofs."""
+    from proof_keys import is_unit
+
+    assert not is_unit("spec_compat/patches/_guards.py") and not is_unit("spec_compat/patches/ranges.py")
+    assert is_unit("spec_compat/patches/hidden_states/render.py")
+    assert not is_unit("spec_compat/patches/hidden_states/__init__.py")
+    users = [n for n, _p, rec in _records() if "spec_compat/patches/_guards.py" in rec["inputs"]["files"]]
+    assert users, "no recorded proof lists the units' shared guards"

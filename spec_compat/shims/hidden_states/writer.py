@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from .files import (
-    HiddenStatesWriteError, _mark_error, _unlink_quietly, acquire_lock, error_path, release_lock, write_atomically,
+    HiddenStatesWriteError, _unlink_quietly, acquire_lock, error_path, release_lock, write_atomically, write_failed,
 )
 from .upstream_writer import HostReady, write_through
 
@@ -57,10 +57,7 @@ class BackgroundWriter:
         try:
             return acquire_lock(path)
         except OSError as exc:
-            error = HiddenStatesWriteError(
-                f"spec_compat[ehs-capture]: writing hidden states to {path} failed: {type(exc).__name__}: {exc}", path)
-            _mark_error(path, str(error))
-            raise error from exc
+            raise write_failed(path, exc) from exc
 
     def submit(self, path: str, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None,
                ready: Any = None, write: Any = None) -> None:
@@ -100,9 +97,7 @@ class BackgroundWriter:
             log.error("%s", exc)
         except BaseException as exc:  # the thread must keep serving the next write
             self.failed += 1
-            message = f"spec_compat[ehs-capture]: writing hidden states to {path} failed: {type(exc).__name__}: {exc}"
-            log.exception("%s", message)
-            _mark_error(path, message)
+            log.exception("%s", write_failed(path, exc))
         finally:
             try:
                 release_lock(fd)

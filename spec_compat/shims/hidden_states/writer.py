@@ -134,15 +134,30 @@ def host_rows(rows: Any) -> tuple[Any, Any]:
     current stream without blocking the step, ``ready`` being a CUDA event recorded after the copy
     (the writer thread synchronizes it).  The copy is queued before the cache's blocks can be
     reused: later kernels on the stream run after it."""
-    if rows.device.type == "cpu":
-        return rows, None
+    host, ready = host_tensors({"rows": rows})
+    return host["rows"], ready
+
+
+def host_tensors(tensors: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
+    """``(host tensors, ready)``: :func:`host_rows` for several tensors, one event recorded after
+    every copy (None when all of them are CPU tensors, which are returned as they are)."""
+    out, copied = {}, False
+    for name, tensor in tensors.items():
+        if tensor.device.type == "cpu":
+            out[name] = tensor
+            continue
+        import torch
+
+        out[name] = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
+        out[name].copy_(tensor, non_blocking=True)
+        copied = True
+    if not copied:
+        return out, None
     import torch
 
-    host = torch.empty(rows.shape, dtype=rows.dtype, device="cpu", pin_memory=True)
-    host.copy_(rows, non_blocking=True)
     ready = torch.cuda.Event()
     ready.record()
-    return host, ready
+    return out, ready
 
 
 #: :func:`outcome` states

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from proof_runs import proof_cases  # tests/support (on sys.path: tests/conftest.py)
+from fixture_runs import once_per_fixture  # tests/support (on sys.path: tests/conftest.py)
+from proof_runs import proof_cases  # tests/support
 from test_speculators_client import BLOCK, LAYER_IDS, TOL, _rows
 from test_speculators_pipeline import AUX_IDS, _client_env, _last_epoch, _speculators
 
@@ -88,16 +89,9 @@ def serve_args(model: Path, kv: dict, trust: bool) -> list[str]:
 def fp8_run(fixture_model, client_python, tmp_path_factory):
     """``fp8_run(fixture)``: stock prepare-data, generate-offline-data through the fp8 server, and
     train --hidden-states-backend fp8, once per fixture."""
-    done: dict[str, dict] = {}
-
-    def get(name: str) -> dict:
-        if name in done:
-            return done[name]
+    def run(name: str, model: Path, trust: bool, tmp: Path) -> dict:
         from test_speculators_pipeline import _server_class
 
-        model = fixture_model(name)
-        trust = name.startswith("kimi")
-        tmp = tmp_path_factory.mktemp(f"fp8-{name}")
         rows = _rows(seed=11)
         raw = tmp / "rows.jsonl"
         raw.write_text("".join(json.dumps({"input_ids": r, "loss_mask": [0] + [1] * (len(r) - 1)}) + "\n"
@@ -123,11 +117,10 @@ def fp8_run(fixture_model, client_python, tmp_path_factory):
         train = _speculators(client_python, "train", "--verifier-name-or-path", str(model), "--data-path", str(data),
                              "--save-path", str(tmp / "ckpt"), "--log-dir", str(tmp / "logs"),
                              "--hidden-states-backend", "fp8", *TRAIN_ARGS, *(["--trust-remote-code"] if trust else []))
-        done[name] = {"model": model, "rows": rows, "data": data, "train": train, "ckpt": tmp / "ckpt", "tmp": tmp,
-                      "server_log": tmp / "server.log"}
-        return done[name]
+        return {"model": model, "rows": rows, "data": data, "train": train, "ckpt": tmp / "ckpt", "tmp": tmp,
+                "server_log": tmp / "server.log"}
 
-    return get
+    return once_per_fixture(fixture_model, tmp_path_factory, "fp8", run)
 
 
 FIXTURES = ["llama", "kimi-k25"]

@@ -25,7 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from proof_runs import proof_cases  # tests/support (on sys.path: tests/conftest.py)
+from fixture_runs import once_per_fixture  # tests/support (on sys.path: tests/conftest.py)
+from mooncake_client import FETCH  # tests/support
+from proof_runs import proof_cases  # tests/support
 from test_hs_connectors import TRAIN_ARGS, serve_args
 from test_speculators_client import _compare, _rows
 from test_speculators_pipeline import AUX_IDS, _client_env, _last_epoch, _server_class, _speculators
@@ -40,36 +42,6 @@ from hs_connectors.transfer import MooncakeBackend
 parser = argparse.ArgumentParser()
 MooncakeBackend.add_launch_args(parser)
 print(json.dumps(MooncakeBackend.build_kv_transfer_config(parser.parse_args(sys.argv[1:]))))
-"""
-
-#: speculators' request (its vllm_client) and hs-connectors' reader (what train's loader calls),
-#: rows sent concurrently, alternating over the endpoints; each sample saved, then deleted
-_FETCH = r"""
-import argparse, json, sys
-from concurrent.futures import ThreadPoolExecutor
-import openai
-from safetensors.torch import save_file
-from hs_connectors.transfer import MooncakeBackend
-from speculators.data_generation.vllm_client import generate_hidden_states
-job = json.load(open(sys.argv[1]))
-parser = argparse.ArgumentParser()
-MooncakeBackend.add_train_args(parser)
-transfer = MooncakeBackend.from_train_args(parser.parse_args(job["train_args"]), "")
-transfer.setup()
-clients = [openai.OpenAI(base_url=url, api_key="EMPTY", max_retries=0) for url in job["endpoints"]]
-model = clients[0].models.list().data[0].id
-def one(i):
-    return generate_hidden_states(clients[i % len(clients)], model, {"input_ids": job["rows"][i]}, timeout=300)
-with ThreadPoolExecutor(16) as pool:
-    answers = list(pool.map(one, range(len(job["rows"]))))
-meta = []
-for i, (handle, params) in enumerate(answers):
-    sample = transfer.get_generated(params)
-    save_file({k: v.contiguous() for k, v in sample.items()}, f"{job['out']}/hs_{i}.safetensors")
-    transfer.delete(handle)
-    meta.append({"handle": handle, "endpoint": i % len(clients), "mode": params["metadata"]["extract_mode"],
-                 "keys": sorted(params)})
-print("SPEC_COMPAT_RESULT " + json.dumps(meta))
 """
 
 
@@ -147,14 +119,7 @@ SERVERS = {"llama": 2, "kimi-k25": 1}
 def mooncake_run(fixture_model, client_python, mooncake_master, tmp_path_factory):
     """``mooncake_run(fixture)``: the rows through the servers into the store and back; then stock
     ``train --on-missing generate --hidden-states-backend mooncake`` against the first server."""
-    done: dict[str, dict] = {}
-
-    def get(name: str) -> dict:
-        if name in done:
-            return done[name]
-        model = fixture_model(name)
-        trust = name.startswith("kimi")
-        tmp = tmp_path_factory.mktemp(f"mooncake-{name}")
+    def run(name: str, model: Path, trust: bool, tmp: Path) -> dict:
         rows = _rows(seed=13)
         kv = kv_config(client_python, mooncake_master)
         assert kv["kv_connector"] == "MooncakeHiddenStatesConnector", kv
@@ -167,7 +132,7 @@ def mooncake_run(fixture_model, client_python, mooncake_master, tmp_path_factory
             job = tmp / "job.json"
             job.write_text(json.dumps({"rows": rows, "endpoints": [s.url + "/v1" for s in servers], "out": str(out),
                                        "train_args": ["--mooncake-master", mooncake_master, *SIZES]}))
-            fetch = subprocess.run([client_python, "-c", _FETCH, str(job)], capture_output=True, text=True,
+            fetch = subprocess.run([client_python, "-c", FETCH, str(job)], capture_output=True, text=True,
                                    timeout=900, env=_client_env())
             assert fetch.returncode == 0, (fetch.stderr[-4000:], [s.tail(3000) for s in servers])
             meta = json.loads(fetch.stdout.split("SPEC_COMPAT_RESULT ", 1)[1])
@@ -185,12 +150,11 @@ def mooncake_run(fixture_model, client_python, mooncake_master, tmp_path_factory
         finally:
             for s in servers:
                 s.stop()
-        done[name] = {"model": model, "rows": rows, "meta": meta, "files": [out / f"hs_{i}.safetensors"
-                      for i in range(len(rows))], "train": train, "ckpt": tmp / "ckpt", "logs": logs,
-                      "generate": gen, "offline": data / "hidden_states"}
-        return done[name]
+        return {"model": model, "rows": rows, "meta": meta, "files": [out / f"hs_{i}.safetensors"
+                for i in range(len(rows))], "train": train, "ckpt": tmp / "ckpt", "logs": logs,
+                "generate": gen, "offline": data / "hidden_states"}
 
-    return get
+    return once_per_fixture(fixture_model, tmp_path_factory, "mooncake", run)
 
 
 def _prepared(client_python: str, model: Path, rows: list[list[int]], tmp: Path, trust: bool) -> Path:

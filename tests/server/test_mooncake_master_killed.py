@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from proof_runs import proof_cases  # tests/support (on sys.path: tests/conftest.py)
+from mooncake_client import ROUND_TRIPS  # tests/support (on sys.path: tests/conftest.py)
+from proof_runs import proof_cases  # tests/support
 from test_mooncake import SIZES, _mooncake_dir, _server, kv_config
-from test_mooncake_restart import _CLIENT
 from test_speculators_client import _compare, _post, _rows
 from test_speculators_pipeline import _client_env
 
@@ -202,7 +202,7 @@ def test_every_sample_arrives_once_when_the_master_dies_and_comes_back(fixture_m
         job = tmp_path / "job.json"
         job.write_text(json.dumps({"rows": rows, "endpoints": [server.url + "/v1"], "out": str(out),
                                    "train_args": ["--mooncake-master", master.address, *SIZES]}))
-        client = subprocess.Popen([client_python, "-c", _CLIENT, str(job)], stdout=subprocess.PIPE,
+        client = subprocess.Popen([client_python, "-c", ROUND_TRIPS, str(job)], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, env=_client_env())
         deadline = time.time() + 600
         while len(list(out.glob("hs_*.safetensors"))) < len(rows) // 3:

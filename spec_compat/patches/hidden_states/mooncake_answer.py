@@ -31,7 +31,8 @@ _LOCK = threading.Lock()
 def _watch(instance: Any) -> Any:
     """The StoreWatch of the store the server's connector puts into (None: not hs-connectors' Mooncake
     connector).  The shim is imported here, at the first Mooncake answer, not with the registry."""
-    from ...shims.hidden_states.mooncake_answer import StoreWatch, mooncake_settings
+    from ...shims.hidden_states.mooncake_answer import StoreWatch
+    from ...shims.hidden_states.mooncake_master import mooncake_settings
 
     engine = getattr(instance, "engine_client", None)
     config = getattr(getattr(engine, "vllm_config", None), "kv_transfer_config", None)

@@ -1,19 +1,13 @@
 """A KV connector that writes each prompt's hidden states to a safetensors file (vLLM 0.15/0.16).
 
-vLLM's name ``ExampleHiddenStatesConnector`` resolves here (patch ``ehs-config`` sets
-``kv_connector_module_path``, its settings ride under :data:`.contract.SETTINGS_KEY`); loaded by
-vLLM's connector factory inside the engine and worker processes only.
-
-* Scheduler side: tracks each request's prompt ids and KV block ids; the step that computes a
-  prompt's last token lists one save in the step's metadata.  :meth:`request_finished` answers
-  ``{"hidden_states_path": path}``, or ``None`` + ``error`` when the write failed (``.error`` marker).
-* Worker side (TP rank 0, holding the :class:`.store.HiddenStatesStore`): in ``wait_for_save`` it
-  gathers the prompt's rows by block ids (on a GPU queued to pinned memory, :func:`.writer.host_rows`)
-  and hands them to a :class:`.writer.BackgroundWriter`: the step only removes a stale file and takes
-  ``<path>.lock`` (a broken storage directory fails here, so the answer names it); the write (temp
-  file + rename) runs on the writer thread, which then releases the lock.  ``ehs-write-error-status``
-  makes the API server wait for the file; lock-aware readers wait on the lock.  A failed write is
-  logged and marked; the engine keeps serving.
+vLLM's name ``ExampleHiddenStatesConnector`` resolves here (``ehs-config`` sets ``kv_connector_module_path``).
+* Scheduler side: tracks each request's prompt ids and KV block ids; the step that computes a prompt's last token
+  lists one save.  :meth:`request_finished` answers ``{"hidden_states_path": path}``, or ``None`` + ``error``.
+* Worker side (TP rank 0, holding the :class:`.store.HiddenStatesStore`): ``wait_for_save`` gathers the prompt's
+  rows (on a GPU queued to pinned memory, :func:`.writer.host_rows`; for hs-connectors' fp8 writer quantized on the
+  GPU first, :func:`.fp8_rows.device_fp8`) for a :class:`.writer.BackgroundWriter`: the step removes a stale file
+  and takes ``<path>.lock`` (a broken storage directory fails here: the answer names it); the writer thread writes
+  (temp file + rename) and releases the lock.  A failed write is logged and marked (``.error``); the engine goes on.
 """
 
 from __future__ import annotations
@@ -30,6 +24,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from .cache_group import extract_from_kv_cache  # noqa: F401 (vLLM >= 0.17's helper, for connectors of its cache)
 from .contract import CONNECTOR_NAME, PATH_KEY, SETTINGS_KEY
 from .files import HiddenStatesWriteError, _mark_error, final_path, hidden_states_tensors, lock_path
+from .fp8_rows import device_fp8, is_hs_connectors_fp8
 from .http_errors import storage_problem
 from .upstream_writer import save_and_release
 from .writer import FAILED, PENDING, BackgroundWriter, host_rows, outcome, static_override
@@ -107,9 +102,14 @@ class HiddenStatesConnector(KVConnectorBase_V1):
         if self.writer is None:
             self.writer = BackgroundWriter()
         write = self.tensor_writer()
+        fp8 = is_hs_connectors_fp8(write)
         for save in meta.saves:
             try:
-                rows, ready = host_rows(self.store.rows(save.block_ids, len(save.token_ids)))
+                rows = self.store.rows(save.block_ids, len(save.token_ids))
+                if fp8 and rows.device.type != "cpu":  # quantized on the device: the host path's bytes (fp8_rows)
+                    self.writer.submit(save.path, *device_fp8(rows, save.token_ids))
+                    continue
+                rows, ready = host_rows(rows)
                 self.writer.submit(save.path, hidden_states_tensors(rows, save.token_ids), metadata, ready, write)
             except HiddenStatesWriteError as exc:
                 log.error("%s", exc)

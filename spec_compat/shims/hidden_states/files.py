@@ -5,7 +5,9 @@
 * ``<path>.lock``: the writer creates it and holds ``flock(LOCK_EX)`` until the final file is in
   place (:func:`acquire_lock` / :func:`release_lock`).  Readers (speculators, hs-connectors)
   poll ``flock(LOCK_EX | LOCK_NB)`` on it, then remove it; vLLM's own reader takes ``LOCK_SH``.
-* :func:`write_atomically`: ``.<name>.<pid>.tmp`` in the same directory, then ``os.replace``;
+* :func:`replace_atomically` (:func:`write_atomically` for safetensors, and
+  :func:`.upstream_writer.write_through` for a connector's own writer): ``.<name>.<pid>.tmp`` in
+  the same directory, then ``os.replace``;
   a reader never sees a partial final file.  No fsync: the rename is what readers rely on, and
   an fsync per file cost 1.4-3.8 ms (measured, 1 MiB files) on requests of a few ms each.  On failure ``<path>.error`` holds the message.
 
@@ -18,7 +20,7 @@ import fcntl
 import hashlib
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Union
 
 SUFFIX = ".safetensors"
@@ -117,30 +119,47 @@ def _mark_error(path: str, message: str) -> None:
         _unlink_quietly(tmp)
 
 
-def write_atomically(path: StrPath, tensors: Mapping[str, Any],
-                     metadata: Mapping[str, str] | None = None) -> None:
-    """Save ``tensors`` (and string ``metadata``) as safetensors at ``path`` through a temp
-    file and ``os.replace`` (no fsync).  A stale ``<path>.error`` is removed first.  On failure:
-    the temp file is removed, ``<path>.error`` written (best effort) and
-    :class:`HiddenStatesWriteError` raised from the original exception."""
+def write_failed(path: str, exc: BaseException) -> HiddenStatesWriteError:
+    """The error of a failed write of ``path``, its message marked in ``<path>.error`` (best effort):
+    one wording for every writer (the step's lock, :func:`replace_atomically`, the writer thread)."""
+    error = HiddenStatesWriteError(
+        f"spec_compat[ehs-capture]: writing hidden states to {path} failed: {type(exc).__name__}: {exc}", path)
+    _mark_error(path, str(error))
+    return error
+
+
+def replace_atomically(path: StrPath, write: Callable[[str], None]) -> None:
+    """The one atomic write of the protocol: ``write(tmp)`` fills the temp name (:func:`temp_path`),
+    which is made :data:`FILE_MODE` and renamed to ``path`` (no fsync).  A stale ``<path>.error`` is
+    removed first.  On failure: the temp file is removed, ``<path>.error`` written (best effort) and
+    :class:`HiddenStatesWriteError` raised from the original exception (:func:`write_failed`); an
+    interrupt (BaseException) only removes the temp file."""
     path = os.fspath(path)
     tmp = temp_path(path)
     _unlink_quietly(error_path(path))
     try:
-        from safetensors.torch import save_file
-
-        save_file(dict(tensors), tmp, metadata=dict(metadata) if metadata is not None else None)
+        write(tmp)
         os.chmod(tmp, FILE_MODE)  # safetensors creates 0600: a client of another user reads it
         os.replace(tmp, path)
     except Exception as exc:
         _unlink_quietly(tmp)
-        error = HiddenStatesWriteError(
-            f"spec_compat[ehs-capture]: writing hidden states to {path} failed: {type(exc).__name__}: {exc}", path)
-        _mark_error(path, str(error))
-        raise error from exc
+        raise write_failed(path, exc) from exc
     except BaseException:
         _unlink_quietly(tmp)
         raise
+
+
+def write_atomically(path: StrPath, tensors: Mapping[str, Any],
+                     metadata: Mapping[str, str] | None = None) -> None:
+    """Save ``tensors`` (and string ``metadata``) as safetensors at ``path`` through
+    :func:`replace_atomically` (temp file, ``os.replace``, ``<path>.error`` on failure)."""
+
+    def save(tmp: str) -> None:
+        from safetensors.torch import save_file
+
+        save_file(dict(tensors), tmp, metadata=dict(metadata) if metadata is not None else None)
+
+    replace_atomically(path, save)
 
 
 def acquire_lock(path: StrPath) -> int:

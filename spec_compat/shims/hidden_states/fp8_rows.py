@@ -9,14 +9,31 @@ its bytes (measured on an H100: 0.095 % of the fp8 bytes and 16 % of the scales 
 the amax by a Python float, which CUDA computes as a multiplication by the reciprocal while the CPU
 divides. Here both divisions are tensor by tensor, which CPU and CUDA round alike (IEEE division),
 and the cast is c10's conversion on both.
+
+The connector's device branch (:func:`device_fp8`): when its writer is hs-connectors 0.9.0's fp8
+``_write_tensors`` (:func:`is_hs_connectors_fp8`) and the rows are on an accelerator, the rows are
+quantized there, only the fp8 rows and scales are copied to pinned host memory, and the writer thread
+saves them as that writer would (:func:`fp8_file_tensors`: its tensors, key order and no metadata)
+through :func:`.upstream_writer.save_and_release`.  The file's bytes are the host path's
+(tests/unit/test_hidden_states_connector.py on the CPU, tests/gpu/test_fp8_rows_cuda.py on CUDA).
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Mapping
 from typing import Any
+
+from .files import hidden_states_tensors
+from .upstream_writer import save_and_release
+from .writer import host_tensors
 
 #: the key hs-connectors 0.9.0 stores the per-token scales under
 SCALES_KEY = "hidden_states_scales"
+#: hs-connectors' fp8 writer (``FP8HiddenStatesConnector._write_tensors``: module, qualified name) and
+#: the versions whose bytes :func:`quantize_rows` is known to give; any other writer keeps the host path
+HS_CONNECTORS_FP8_WRITER = ("hs_connectors.fp8_hidden_states_connector", "FP8HiddenStatesConnector._write_tensors")
+HS_CONNECTORS_FP8_VERSIONS = ("0.9.0",)
 
 
 def quantize_rows(rows: Any) -> tuple[Any, Any]:
@@ -35,3 +52,31 @@ def quantize_rows(rows: Any) -> tuple[Any, Any]:
     amax = x.abs().amax(dim=tuple(range(1, x.dim())), keepdim=True)
     scale = (amax / torch.full_like(amax, torch.finfo(fp8).max)).clamp(min=1e-12)
     return (x / scale).to(fp8), scale
+
+
+def is_hs_connectors_fp8(write: Any) -> bool:
+    """Whether ``write`` (a connector's ``_write_tensors`` override) is hs-connectors' fp8 writer, of a
+    version in :data:`HS_CONNECTORS_FP8_VERSIONS`."""
+    if (getattr(write, "__module__", None), getattr(write, "__qualname__", None)) != HS_CONNECTORS_FP8_WRITER:
+        return False
+    try:
+        return importlib.import_module("hs_connectors.version").version in HS_CONNECTORS_FP8_VERSIONS
+    except (ImportError, AttributeError):
+        return False
+
+
+def fp8_file_tensors(tensors: Mapping[str, Any]) -> dict[str, Any]:
+    """What hs-connectors' fp8 writer saves for ``tensors`` (``hidden_states``, ``token_ids``), in its
+    key order: ``{**tensors, "hidden_states": fp8 rows, SCALES_KEY: scales}``, on the rows' device."""
+    rows, scales = quantize_rows(tensors["hidden_states"])
+    return {**tensors, "hidden_states": rows, SCALES_KEY: scales}
+
+
+def device_fp8(rows: Any, token_ids: Any) -> tuple[dict[str, Any], None, Any, Any]:
+    """The connector's device branch: the arguments after ``path`` of
+    :meth:`.writer.BackgroundWriter.submit`: ``(host tensors, None, ready, save_and_release)``.  The rows
+    (checked as :func:`.files.hidden_states_tensors` does) are quantized where they are, the fp8 rows and
+    scales queued to pinned host memory (``ready``: the copies' CUDA event; None for CPU tensors, passed
+    as they are); no metadata, and a plain save, as hs-connectors' writer does."""
+    tensors, ready = host_tensors(fp8_file_tensors(hidden_states_tensors(rows, token_ids)))
+    return tensors, None, ready, save_and_release

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .http_errors import ErrorAnswer
-from .mooncake_master import DEFAULT_MASTER, MOONCAKE_CONNECTOR, MOONCAKE_MODULE
+from .mooncake_master import master
 
 #: how long an answer waits for its sample: a put is a memory copy, milliseconds unless the worker's
 #: write threads are queued (a 235 MB Kimi-K2.5 sample at 4k tokens: ~0.25 s over local TCP).  Below
@@ -59,18 +59,6 @@ def explain(message: str) -> str:
     return message
 
 
-def mooncake_settings(kv_transfer_config: Any) -> dict[str, Any] | None:
-    """``kv_connector_extra_config["mooncake"]`` of a configuration for hs-connectors' Mooncake
-    connector (an empty dict when it names none); None for any other connector."""
-    connector = getattr(kv_transfer_config, "kv_connector", None)
-    module = getattr(kv_transfer_config, "kv_connector_module_path", None)
-    if connector != MOONCAKE_CONNECTOR and module != MOONCAKE_MODULE:
-        return None
-    extra = getattr(kv_transfer_config, "kv_connector_extra_config", None)
-    mooncake = extra.get("mooncake") if isinstance(extra, Mapping) else None
-    return dict(mooncake) if isinstance(mooncake, Mapping) else {}
-
-
 def open_store(settings: Mapping[str, Any], patch_id: str) -> Any:
     """A Mooncake client joined to the configured master, with no segment of its own."""
     from mooncake.store import MooncakeDistributedStore  # type: ignore[import-not-found]
@@ -83,10 +71,6 @@ def open_store(settings: Mapping[str, Any], patch_id: str) -> Any:
     if status != 0:
         raise RuntimeError(f"spec_compat[{patch_id}]: Mooncake's client setup returned status {status}")
     return store
-
-
-def master(settings: Mapping[str, Any]) -> str:
-    return str(settings.get("master_server_address") or DEFAULT_MASTER)
 
 
 class StoreWatch:

@@ -9,6 +9,7 @@ with a handle, then retries the master for ~85 s and its EngineCore dies. One TC
 from __future__ import annotations
 
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 #: hs-connectors 0.9.0's connector (``kv_connector``) and its module (``kv_connector_module_path``)
@@ -18,17 +19,29 @@ MOONCAKE_MODULE = "hs_connectors.mooncake_hidden_states_connector"
 DEFAULT_MASTER = "127.0.0.1:50051"
 
 
-def master_address(kv_transfer_config: Any) -> str | None:
-    """The master a KV-transfer configuration points hs-connectors' Mooncake connector at, or None
-    when it configures another connector."""
+def mooncake_settings(kv_transfer_config: Any) -> dict[str, Any] | None:
+    """``kv_connector_extra_config["mooncake"]`` of a configuration for hs-connectors' Mooncake
+    connector (an empty dict when it names none); None for any other connector.  Any Mapping counts
+    (the configuration check and the API server's answer both read it here, so they agree)."""
     connector = getattr(kv_transfer_config, "kv_connector", None)
     module = getattr(kv_transfer_config, "kv_connector_module_path", None)
     if connector != MOONCAKE_CONNECTOR and module != MOONCAKE_MODULE:
         return None
     extra = getattr(kv_transfer_config, "kv_connector_extra_config", None)
-    mooncake = extra.get("mooncake") if isinstance(extra, dict) else None
-    address = mooncake.get("master_server_address") if isinstance(mooncake, dict) else None
-    return str(address or DEFAULT_MASTER)
+    mooncake = extra.get("mooncake") if isinstance(extra, Mapping) else None
+    return dict(mooncake) if isinstance(mooncake, Mapping) else {}
+
+
+def master(settings: Mapping[str, Any]) -> str:
+    """The master address of Mooncake ``settings`` (hs-connectors' default when unset or empty)."""
+    return str(settings.get("master_server_address") or DEFAULT_MASTER)
+
+
+def master_address(kv_transfer_config: Any) -> str | None:
+    """The master a KV-transfer configuration points hs-connectors' Mooncake connector at, or None
+    when it configures another connector."""
+    settings = mooncake_settings(kv_transfer_config)
+    return None if settings is None else master(settings)
 
 
 def unreachable(address: str, timeout: float = 3.0) -> str | None:

@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .files import FILE_MODE, HiddenStatesWriteError, StrPath, _mark_error, _unlink_quietly, error_path, temp_path
+from .files import StrPath, replace_atomically
 
 
 class HostReady:
@@ -47,21 +47,10 @@ def write_through(write: Any, path: StrPath, tensors: Mapping[str, Any], event: 
     close ``lock_fd``), e.g. hs-connectors' FP8 override.  It writes the temp name, which is then
     renamed to ``path``: the bytes are the writer's own, and no reader sees a partial file.  It gets a
     duplicate of ``lock_fd`` (closing it keeps the lock, which holds until the caller releases
-    ``lock_fd`` after the rename).  Failure handling as :func:`write_atomically`."""
-    path = os.fspath(path)
-    tmp = temp_path(path)
-    _unlink_quietly(error_path(path))
-    try:
+    ``lock_fd`` after the rename).  Temp name, rename and failure handling: :func:`.files.replace_atomically`."""
+
+    def save(tmp: str) -> None:
         dup = os.dup(lock_fd)
         write(dict(tensors), event, tmp, dup)
-        os.chmod(tmp, FILE_MODE)
-        os.replace(tmp, path)
-    except Exception as exc:
-        _unlink_quietly(tmp)
-        error = HiddenStatesWriteError(
-            f"spec_compat[ehs-capture]: writing hidden states to {path} failed: {type(exc).__name__}: {exc}", path)
-        _mark_error(path, str(error))
-        raise error from exc
-    except BaseException:
-        _unlink_quietly(tmp)
-        raise
+
+    replace_atomically(path, save)

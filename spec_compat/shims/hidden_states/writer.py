@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from .files import (
-    HiddenStatesWriteError, _mark_error, _unlink_quietly, acquire_lock, error_path, release_lock, write_atomically,
+    HiddenStatesWriteError, _unlink_quietly, acquire_lock, error_path, release_lock, write_atomically, write_failed,
 )
 from .upstream_writer import HostReady, write_through
 
@@ -57,10 +57,7 @@ class BackgroundWriter:
         try:
             return acquire_lock(path)
         except OSError as exc:
-            error = HiddenStatesWriteError(
-                f"spec_compat[ehs-capture]: writing hidden states to {path} failed: {type(exc).__name__}: {exc}", path)
-            _mark_error(path, str(error))
-            raise error from exc
+            raise write_failed(path, exc) from exc
 
     def submit(self, path: str, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None,
                ready: Any = None, write: Any = None) -> None:
@@ -100,9 +97,7 @@ class BackgroundWriter:
             log.error("%s", exc)
         except BaseException as exc:  # the thread must keep serving the next write
             self.failed += 1
-            message = f"spec_compat[ehs-capture]: writing hidden states to {path} failed: {type(exc).__name__}: {exc}"
-            log.exception("%s", message)
-            _mark_error(path, message)
+            log.exception("%s", write_failed(path, exc))
         finally:
             try:
                 release_lock(fd)
@@ -139,15 +134,30 @@ def host_rows(rows: Any) -> tuple[Any, Any]:
     current stream without blocking the step, ``ready`` being a CUDA event recorded after the copy
     (the writer thread synchronizes it).  The copy is queued before the cache's blocks can be
     reused: later kernels on the stream run after it."""
-    if rows.device.type == "cpu":
-        return rows, None
+    host, ready = host_tensors({"rows": rows})
+    return host["rows"], ready
+
+
+def host_tensors(tensors: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
+    """``(host tensors, ready)``: :func:`host_rows` for several tensors, one event recorded after
+    every copy (None when all of them are CPU tensors, which are returned as they are)."""
+    out, copied = {}, False
+    for name, tensor in tensors.items():
+        if tensor.device.type == "cpu":
+            out[name] = tensor
+            continue
+        import torch
+
+        out[name] = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
+        out[name].copy_(tensor, non_blocking=True)
+        copied = True
+    if not copied:
+        return out, None
     import torch
 
-    host = torch.empty(rows.shape, dtype=rows.dtype, device="cpu", pin_memory=True)
-    host.copy_(rows, non_blocking=True)
     ready = torch.cuda.Event()
     ready.record()
-    return host, ready
+    return out, ready
 
 
 #: :func:`outcome` states

@@ -175,6 +175,17 @@ def test_register_rejects_duplicate_id():
 
 # -- value switches: declared by the patches that read them ------------------
 
+def test_every_value_switch_is_declared_by_a_patch():
+    """Each value switch names a patch in its error (the patch's ``reads``), and no patch
+    declares a variable that is not a value switch (``claim`` refuses it at registration)."""
+    from spec_compat import REGISTRY
+
+    declared = {var for patch in REGISTRY.patches() for var in patch.reads}
+    assert declared == set(switches.SWITCHES)
+    for var in switches.SWITCHES:
+        assert switches.readers(var), var
+
+
 def test_a_declared_switch_names_its_patch_and_an_unknown_one_is_refused(monkeypatch):
     monkeypatch.setattr(switches, "_READERS", {})
     reg = Registry()

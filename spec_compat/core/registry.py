@@ -26,9 +26,9 @@ from types import ModuleType
 from typing import TYPE_CHECKING, ClassVar
 
 from . import stacking, switches
+from . import versions as _versions
 from .changes import Changes
 from .records import NotNeeded, PatchError, Record, Status, TargetChanged
-from .versions import in_range, installed_version
 
 __all__ = ["Changes", "NotNeeded", "Patch", "PatchError", "Record", "Registry", "REGISTRY", "Status",
            "TargetChanged", "register"]
@@ -68,6 +68,10 @@ class Patch:
     #: ids of patches installed before this one because it wraps what they put in place
     #: (:mod:`spec_compat.core.stacking`: an undeclared stack on one attribute is refused)
     after: ClassVar[tuple[str, ...]] = ()
+    #: the value switches (``SPEC_COMPAT_*`` variables, :data:`spec_compat.core.switches.SWITCHES`)
+    #: this patch reads through :func:`spec_compat.core.switches.value`: a malformed value is
+    #: reported as ``spec_compat[<this id>]: VAR=...`` (the core names no patch itself)
+    reads: ClassVar[tuple[str, ...]] = ()
     #: set by :meth:`Registry.register`
     _registry: Registry | None = None
 
@@ -106,8 +110,9 @@ class Patch:
     def _within(combo: Mapping[str, str], versions: Mapping[str, str | None] | None) -> tuple[bool, str]:
         why = []
         for dist, spec in combo.items():
-            version = installed_version(dist) if versions is None else versions.get(dist)
-            verdict = in_range(version, spec)
+            # through the module: a test (or a caller) that replaces versions.installed_version is heard
+            version = _versions.installed_version(dist) if versions is None else versions.get(dist)
+            verdict = _versions.in_range(version, spec)
             if version is None:
                 return False, f"{dist} is not installed (needed for {dist}{spec})"
             if verdict is None:
@@ -116,6 +121,14 @@ class Patch:
                 return False, f"{dist} {version} is outside {dist}{spec}"
             why.append(f"{dist} {version} in {spec}")
         return True, "; ".join(why) or "no version constraint"
+
+    @classmethod
+    def wanted_early(cls, environ: Mapping[str, str] | None = None) -> bool:
+        """For code that runs before the registry applies (vLLM's platform plugins, which load
+        before its general plugins): whether ``SPEC_COMPAT_DISABLE`` leaves this patch on and the
+        installed versions fall inside its ranges -- the registry's own first two decisions, so
+        that such code takes none of its own.  The target's shape is the caller's to probe."""
+        return not switches.named_in_disable(cls.id, environ) and cls().needed()[0]
 
     def check(self, module: ModuleType) -> None:  # pragma: no cover - overridden
         """Raise TargetChanged when the target lacks the shape this shim relies on."""
@@ -156,6 +169,8 @@ class Registry:
             for spec in combo.values():
                 check_spec(spec)
         stacking.check_after(pid, cls.after)
+        for var in cls.reads:
+            switches.claim(var, pid)
         inst = cls()
         inst._registry = self
         self._patches[pid] = inst

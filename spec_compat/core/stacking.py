@@ -12,11 +12,16 @@ a patch touches an attribute another applied patch replaced without ``after`` na
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .records import Ordered
 
 if TYPE_CHECKING:
     from .changes import Changes
-    from .registry import Patch
+
+#: a patch as this module sees it (:class:`~.records.Ordered`: the registry imports this module,
+#: so its ``Patch`` is not imported here)
+Patch = TypeVar("Patch", bound=Ordered)
 
 #: (id(object), attribute) -> (object, id of the applied patch that replaced it last)
 Owners = dict[tuple[int, str], tuple[Any, str]]

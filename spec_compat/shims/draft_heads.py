@@ -13,7 +13,9 @@ Aux-layer id conventions (N = the target's ``num_hidden_layers``):
 A checkpoint that names no ids is served with the target's defaults, which the two conventions
 share (SGLang's ``[1, N//2 - 1, N - 4]`` outputs are vLLM's ``(2, N//2, N - 3)`` inputs).
 ``SPEC_COMPAT_AUX_IDS`` overrides the guess: ``input`` or ``output`` for whatever ids the checkpoint
-names; ``auto`` (or unset) decides by where they are.
+names; ``auto`` (or unset) decides by where they are.  The switch is parsed in
+``spec_compat.core.switches`` and handed in by the patch (``served_ids(cfg, override)``): this
+module reads no environment and imports nothing of spec_compat.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 KEY = "eagle_aux_hidden_state_layer_ids"
+#: the switch that overrides the convention (named in messages; parsed in spec_compat.core.switches)
 VAR = "SPEC_COMPAT_AUX_IDS"
 CONVENTIONS = {
     "input": "vLLM / speculators: id i = input of decoder layer i",
@@ -36,19 +39,6 @@ _MAX_HEADER = 64 << 20
 
 class DraftFitError(ValueError):
     """A draft head that cannot serve this target; the message names both sides."""
-
-
-def parse_convention(raw: str | None) -> str:
-    """``auto`` (unset or empty too), ``input`` or ``output``; anything else raises
-    :class:`spec_compat.SwitchError` naming the variable."""
-    from ..core.switches import SwitchError
-
-    text = (raw or "").strip().lower() or "auto"
-    if text not in ("auto", "input", "output"):
-        raise SwitchError(f"spec_compat[eagle3-aux-ids-convention]: {VAR}={raw!r}: expected 'auto' (decide by where the "
-                          "checkpoint names its ids), 'input' (vLLM / speculators: id i = input of layer i) or "
-                          "'output' (SGLang / TorchSpec: id i = output of layer i)")
-    return text
 
 
 def _as_dict(cfg: Any) -> Mapping[str, Any]:

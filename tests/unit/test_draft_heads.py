@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from spec_compat.core import switches
 from spec_compat.core.switches import SwitchError
 from spec_compat.fixtures.published_heads import MLA_HEAD, build_head
 from spec_compat.shims import draft_heads as dh
@@ -20,13 +21,18 @@ def _cfg(path):
 
 @pytest.mark.parametrize("raw, want", [(None, "auto"), ("", "auto"), (" Output ", "output"), ("input", "input")])
 def test_convention_switch_values(raw, want):
-    assert dh.parse_convention(raw) == want
+    """Parsed in core.switches (the shim reads no environment), handed to ``served_ids``."""
+    env = {} if raw is None else {dh.VAR: raw}
+    assert switches.value(dh.VAR, env) == want
 
 
 @pytest.mark.parametrize("raw", ["sglang", "1", "in put"])
 def test_malformed_convention_switch_names_the_variable(raw):
+    from spec_compat import REGISTRY
+
+    assert dh.VAR in REGISTRY.get("eagle3-aux-ids-convention").reads  # the prefix comes from this declaration
     with pytest.raises(SwitchError, match=r"spec_compat\[eagle3-aux-ids-convention\]: SPEC_COMPAT_AUX_IDS="):
-        dh.parse_convention(raw)
+        switches.value(dh.VAR, {dh.VAR: raw})
 
 
 def test_where_the_ids_are_decides_the_convention():

@@ -499,6 +499,12 @@ def test_release_pool_unlinks_pooled_and_mapped_names(worker, pool):
 def test_pool_switch():
     assert pool_bytes_from_env(None) == pool_bytes_from_env("") == 0  # opt-in
     assert pool_bytes_from_env(" 0 ") == 0 and pool_bytes_from_env("64") == 64 << 20
+    from spec_compat import REGISTRY
+    from spec_compat.core import switches
+
+    assert switches.POOL_VAR in REGISTRY.get("capture-handoff-shm").reads  # names the patch in the message
     for bad in ("-1", "1.5", "lots", "64MB"):
-        with pytest.raises(ValueError, match=r"spec_compat\[capture-handoff-shm\]: SPEC_COMPAT_SHM_POOL_MB="):
+        with pytest.raises(ValueError, match=r"^SPEC_COMPAT_SHM_POOL_MB="):
             pool_bytes_from_env(bad)
+        with pytest.raises(ValueError, match=r"spec_compat\[capture-handoff-shm\]: SPEC_COMPAT_SHM_POOL_MB="):
+            switches.value(switches.POOL_VAR, {switches.POOL_VAR: bad})

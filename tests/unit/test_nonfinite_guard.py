@@ -118,7 +118,7 @@ def test_malformed_switch_fails_before_the_engine_naming_it(patched, monkeypatch
 
 @pytest.mark.parametrize("raw, mode", [(None, "raise"), ("", "raise"), (" Raise ", "raise"), ("warn", "warn")])
 def test_switch_values(raw, mode):
-    assert parse_nonfinite(raw, PID) == mode
+    assert parse_nonfinite(raw) == mode
 
 
 def test_layers_named_by_position_when_the_ids_do_not_match():

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from spec_compat.core import switches
 from spec_compat.core.registry import Changes
-from spec_compat.shims.hidden_states.offline_store import (
-    MASTER_ENV, PART_PREFIX, StoreFiles, is_store_manifest, master_from_env)
+from spec_compat.shims.hidden_states.offline_store import MASTER_ENV, PART_PREFIX, StoreFiles, is_store_manifest
 
 PID = "offline-data-from-mooncake"
 MANIFEST = {"handle": "req-7", "version": 1, "tensors": {"hidden_states": {}}, "metadata": {"num_tokens": 3}}
@@ -53,12 +53,21 @@ def test_only_a_store_manifest_is_taken_for_one():
     assert not is_store_manifest(None)
 
 
-def test_the_master_comes_from_the_environment_and_must_be_host_port():
-    assert master_from_env({}, PID) == "127.0.0.1:50051"  # hs-connectors' default
-    assert master_from_env({MASTER_ENV: " 10.1.2.3:7000 "}, PID) == "10.1.2.3:7000"
+def test_the_master_is_parsed_in_the_core_and_must_be_host_port():
+    """The switch is parsed in core.switches (the shim reads no environment); a malformed value
+    names the patch that declares it (``reads``)."""
+    from spec_compat import REGISTRY
+
+    assert MASTER_ENV == switches.MOONCAKE_MASTER_VAR
+    assert switches.MOONCAKE_MASTER_VAR in REGISTRY.get(PID).reads
+    assert switches.value(MASTER_ENV, {}) is None  # the shim's default: hs-connectors' 127.0.0.1:50051
+    assert StoreFiles(PID, opener=lambda m: None).master == "127.0.0.1:50051"
+    assert switches.value(MASTER_ENV, {MASTER_ENV: " 10.1.2.3:7000 "}) == "10.1.2.3:7000"
     for bad in ("10.1.2.3", "host:port", ":50051"):
         with pytest.raises(ValueError, match=rf"spec_compat\[{PID}\]: {MASTER_ENV}='{bad}' is not host:port"):
-            master_from_env({MASTER_ENV: bad}, PID)
+            switches.value(MASTER_ENV, {MASTER_ENV: bad})
+    assert switches.value(switches.MOONCAKE_HOST_VAR, {}) == "localhost"
+    assert switches.value(switches.MOONCAKE_HOST_VAR, {switches.MOONCAKE_HOST_VAR: "10.0.0.2"}) == "10.0.0.2"
 
 
 def test_a_sample_becomes_a_file_and_leaves_the_store(tmp_path):
@@ -67,7 +76,7 @@ def test_a_sample_becomes_a_file_and_leaves_the_store(tmp_path):
 
     reader = Reader(_sample())
     opened: list[str] = []
-    files = StoreFiles(PID, opener=lambda master: opened.append(master) or reader, environ={MASTER_ENV: "h:1"})
+    files = StoreFiles(PID, opener=lambda master: opened.append(master) or reader, master="h:1")
     path = Path(files.fetch(MANIFEST, tmp_path / "hs"))
     assert path.parent == tmp_path / "hs" and path.name.startswith(PART_PREFIX) and not path.name.startswith("hs_")
     got = load_file(str(path))
@@ -82,7 +91,7 @@ def test_a_master_that_cannot_be_joined_is_named_with_the_variable(tmp_path):
     def refuse(master):
         raise RuntimeError("Mooncake setup failed for key=localhost with status=-1")
 
-    files = StoreFiles(PID, opener=refuse, environ={MASTER_ENV: "10.0.0.9:50051"})
+    files = StoreFiles(PID, opener=refuse, master="10.0.0.9:50051")
     with pytest.raises(RuntimeError) as err:
         files.fetch(MANIFEST, tmp_path)
     assert str(err.value).startswith(f"spec_compat[{PID}]: the server stored this sample in a Mooncake store, "
@@ -93,15 +102,14 @@ def test_a_master_that_cannot_be_joined_is_named_with_the_variable(tmp_path):
 
 
 def test_an_unreadable_sample_names_its_handle_and_writes_nothing(tmp_path):
-    files = StoreFiles(PID, opener=lambda m: Reader(fail=TimeoutError("Timed out waiting for Mooncake key: req-7")),
-                       environ={})
+    files = StoreFiles(PID, opener=lambda m: Reader(fail=TimeoutError("Timed out waiting for Mooncake key: req-7")))
     with pytest.raises(RuntimeError, match=rf"spec_compat\[{PID}\]: sample req-7 could not be read from the Mooncake "
                                            r"store \(master 127.0.0.1:50051\): TimeoutError: Timed out"):
         files.fetch(MANIFEST, tmp_path)
     assert list(tmp_path.iterdir()) == []
     partial = _sample()
     del partial["token_ids"]
-    files = StoreFiles(PID, opener=lambda m: Reader(partial), environ={})
+    files = StoreFiles(PID, opener=lambda m: Reader(partial))
     with pytest.raises(RuntimeError, match=r"sample req-7 from the Mooncake store has no \['token_ids'\]"):
         files.fetch(MANIFEST, tmp_path)
 
@@ -113,14 +121,14 @@ def test_a_failed_write_leaves_no_part_file_and_the_sample_in_the_store(tmp_path
         path.write_bytes(b"half")
         raise OSError(28, "No space left on device")
 
-    files = StoreFiles(PID, opener=lambda m: reader, save=full_disk, environ={})
+    files = StoreFiles(PID, opener=lambda m: reader, save=full_disk)
     with pytest.raises(OSError, match="No space left"):
         files.fetch(MANIFEST, tmp_path)
     assert list(tmp_path.iterdir()) == [] and reader.calls == ["get req-7 120"]  # not deleted: nothing lost
 
 
 def test_a_failed_removal_keeps_the_written_file(tmp_path, caplog):
-    files = StoreFiles(PID, opener=lambda m: Reader(_sample(), delete_fails=True), environ={})
+    files = StoreFiles(PID, opener=lambda m: Reader(_sample(), delete_fails=True))
     with caplog.at_level(logging.WARNING, logger="spec_compat"):
         path = Path(files.fetch(MANIFEST, tmp_path))
     assert path.is_file()
@@ -162,7 +170,7 @@ def test_the_patch_writes_the_store_samples_where_the_stock_run_moves_them(tmp_p
     monkeypatch.setitem(sys.modules, "gen_stand_in", module)
     assert "shutil.move" in inspect.getsource(module._worker)
     reader = Reader(_sample())
-    monkeypatch.setattr(patch_module, "_FILES", [StoreFiles(PID, opener=lambda m: reader, environ={})])
+    monkeypatch.setattr(patch_module, "_FILES", [StoreFiles(PID, opener=lambda m: reader)])
     patch = REGISTRY.get(PID)
     patch.check(module)
     changes = Changes(PID)

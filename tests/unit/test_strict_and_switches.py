@@ -171,3 +171,41 @@ def test_register_rejects_duplicate_id():
     with pytest.raises(ValueError, match="duplicate patch id 'ok-id'"):
         reg.register(_cls())
     assert len(reg.patches()) == 1 and reg.get("ok-id").target == "m:a"
+
+
+# -- value switches: declared by the patches that read them ------------------
+
+def test_every_value_switch_is_declared_by_a_patch():
+    """Each value switch names a patch in its error (the patch's ``reads``), and no patch
+    declares a variable that is not a value switch (``claim`` refuses it at registration)."""
+    from spec_compat import REGISTRY
+
+    declared = {var for patch in REGISTRY.patches() for var in patch.reads}
+    assert declared == set(switches.SWITCHES)
+    for var in switches.SWITCHES:
+        assert switches.readers(var), var
+
+
+def test_a_declared_switch_names_its_patch_and_an_unknown_one_is_refused(monkeypatch):
+    monkeypatch.setattr(switches, "_READERS", {})
+    reg = Registry()
+    with pytest.raises(ValueError, match="reads = \\('SPEC_COMPAT_NO_SUCH'"):
+        reg.register(_cls(reads=("SPEC_COMPAT_NO_SUCH",)))
+    env = {switches.DRIVER_WAIT_VAR: "nap"}
+    with pytest.raises(SwitchError, match="^SPEC_COMPAT_DRIVER_WAIT='nap': expected"):
+        switches.value(switches.DRIVER_WAIT_VAR, env)  # declared by no patch: the variable alone
+    reg.register(_cls(id="reads-wait", reads=(switches.DRIVER_WAIT_VAR,)))
+    with pytest.raises(SwitchError, match=r"^spec_compat\[reads-wait\]: SPEC_COMPAT_DRIVER_WAIT='nap': expected"):
+        switches.value(switches.DRIVER_WAIT_VAR, env)
+
+
+def test_wanted_early_is_the_registrys_disable_and_range_decision():
+    """What vLLM's platform plugin asks before the registry applies (spec_compat/plugin.py)."""
+    on = _cls(requires={"vllm": ">=0.10"})
+    versions = {"vllm": "0.11.0"}
+    assert on().needed(versions)[0]
+    assert not _cls(requires={"vllm": "<0.1"}).wanted_early({})  # the installed vLLM (or none) is outside
+    assert not on.wanted_early({"SPEC_COMPAT_DISABLE": "ok-id"})
+    assert not on.wanted_early({"SPEC_COMPAT_DISABLE": "*"})
+    anything = _cls()  # no range: needed wherever it is
+    assert anything.wanted_early({}) and anything.wanted_early({"SPEC_COMPAT_DISABLE": "other-id"})

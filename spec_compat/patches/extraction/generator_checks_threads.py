@@ -23,6 +23,7 @@ class GeneratorInputChecks(Patch):
 
     id = "generator-input-checks"
     after = ("generate-in-fitting-batches",)
+    reads = (switches.NONFINITE_VAR,)
     proof = Proof("guard", "tests/engine/test_generator_inputs.py::test_lost_rows_raise_instead_of_passing_silently", r"FAIL chunked-8x2000: sequence \d+ layer \d+: (?:shape engine \[\d+, \d+\] != reference \[\d+, \d+\]|max\|diff\|=\S+ > tolerance)", also_off=("keep-unfinished-prefill", "capture-per-request", "rows-by-request-id"))
     summary = ("generate() inputs checked before the engine (empty, non-int, out-of-vocabulary ids), "
                "truncation logged with counts, every result's rows counted, NaN/inf captured values "
@@ -72,6 +73,7 @@ class DriverTorchThreads(Patch):
     ``capture-threads-kept`` is the run without it)."""
 
     id = "driver-torch-threads"
+    reads = (switches.DRIVER_THREADS_VAR,)
     after = ("generator-input-checks",)
     proof = Proof("optimization", "tests/engine/test_handoff_engine.py::test_handoff_rows_equal_the_pickled_path", benchmark="benchmarks/results/capture_overhead_llama_driver_threads.json", claims=(
         Claim("without the patch / plain prefill, extraction tok/s (medians, 3 rounds x 10 cycles)",

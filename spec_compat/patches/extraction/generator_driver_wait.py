@@ -29,6 +29,7 @@ class DriverWaitYieldsCpu(Patch):
     Opt-in: ``SPEC_COMPAT_DRIVER_WAIT=sleep`` makes the driver's reply queues poll, then sleep."""
 
     id = "driver-wait-yields-cpu"
+    reads = (switches.DRIVER_WAIT_VAR,)
     proof = Proof("optimization", "tests/engine/test_handoff_engine.py::test_driver_reply_queues_do_not_spin", benchmark="benchmarks/results/capture_overhead_llama_loaded.json", claims=(
         Claim("sleeping / spinning driver, extraction tok/s (median), a matrix cell running beside it",
               "summary.capture.median", "summary.capture-spin.median", value="1.97"),

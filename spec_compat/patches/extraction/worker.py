@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
+from ...core import switches
 from ...core.proof import Claim, Proof, SELFTEST
 from ...core.registry import Changes, Patch, register
 from .. import _guards as guard
@@ -143,6 +144,7 @@ class CaptureHandoffShm(Patch):
 
     id = "capture-handoff-shm"
     after = ("capture-per-request",)
+    reads = (switches.POOL_VAR,)
     proof = Proof("optimization", "tests/engine/test_handoff_engine.py::test_handoff_rows_equal_the_pickled_path", benchmark="benchmarks/results/handoff_cpu.json", claims=(
         Claim("pickled / hand-off seconds per call (P4), median of 5 paired repeats",
               "p4.seconds.pickled.all", "p4.seconds.handoff.all", paired=True, value="3.22"),

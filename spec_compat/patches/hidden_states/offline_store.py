@@ -14,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ...core import switches
 from ...core.proof import Proof
 from ...core.registry import Changes, NotNeeded, Patch, register
 from .. import _guards as guard
@@ -54,7 +55,8 @@ async def _generate_hidden_states(wrapped: Any, _instance: Any, args: tuple, kwa
     if not is_store_manifest(params):
         return handle, params
     if not _FILES:
-        _FILES.append(StoreFiles(PID))
+        _FILES.append(StoreFiles(PID, master=switches.value(switches.MOONCAKE_MASTER_VAR),
+                                 local_hostname=switches.value(switches.MOONCAKE_HOST_VAR)))
     directory = _DIRECTORY.get()
     if directory is None:
         import tempfile
@@ -79,6 +81,7 @@ class OfflineDataFromMooncake(Patch):
     target = f"{GENERATE}:generate_hidden_states_async"
     requires = {"speculators": ">=0.9,<0.10", "hs-connectors": ">=0.9,<0.10"}
     side = "driver"
+    reads = (switches.MOONCAKE_MASTER_VAR, switches.MOONCAKE_HOST_VAR)
 
     def check(self, module: ModuleType) -> None:
         guard.attr(module, "generate_hidden_states_async")

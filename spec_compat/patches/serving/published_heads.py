@@ -9,6 +9,7 @@ import os
 from types import ModuleType
 from typing import Any
 
+from ...core import switches
 from ...core.proof import Proof
 from ...core.registry import Changes, Patch, TargetChanged, register
 from .. import _guards as guard
@@ -105,6 +106,7 @@ class Eagle3AuxIdsConvention(Patch):
     target = "vllm.config.speculative:SpeculativeConfig"
     requires = {"vllm": VLLM_S3}
     side = "server"
+    reads = (switches.AUX_IDS_VAR,)
 
     def check(self, module: ModuleType) -> None:
         cls = guard.attr(module, "SpeculativeConfig")
@@ -113,12 +115,10 @@ class Eagle3AuxIdsConvention(Patch):
             raise TargetChanged("SpeculativeConfig.__post_init__ is inherited, not its own")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ...shims.draft_heads import VAR, parse_convention
-
         def __post_init__(wrapped: Any, spec: Any, args: tuple, kwargs: dict) -> Any:
             out = wrapped(*args, **kwargs)
             if _eagle3(spec):
-                _apply_convention(spec, parse_convention(os.environ.get(VAR)))
+                _apply_convention(spec, switches.value(switches.AUX_IDS_VAR))
             return out
 
         changes.wrap(module.SpeculativeConfig, "__post_init__", __post_init__)

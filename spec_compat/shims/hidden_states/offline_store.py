@@ -8,14 +8,15 @@ fails.  :class:`StoreFiles` reads such a sample with hs-connectors' own reader
 removes it from the store, and gives the path back: the stock move then renames it.
 
 The client needs the master's address, which the answer does not carry: ``SPEC_COMPAT_MOONCAKE_MASTER``
-(``host:port``; hs-connectors' default ``127.0.0.1:50051`` when unset).  The reader joins the store
-with no segment of its own (it stores nothing).  Pure Python apart from :func:`open_reader`.
+(``host:port``; hs-connectors' default ``127.0.0.1:50051`` when unset), parsed in
+``spec_compat.core.switches`` and handed in by the patch with Mooncake's ``MOONCAKE_LOCAL_HOSTNAME``
+(this module reads no environment).  The reader joins the store with no segment of its own (it
+stores nothing).  Pure Python apart from :func:`open_reader`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import re
 import threading
 from collections.abc import Callable, Mapping
@@ -26,7 +27,8 @@ from .mooncake_master import DEFAULT_MASTER
 
 log = logging.getLogger("spec_compat")
 
-#: where the client finds the Mooncake master (the answers carry only the sample's key)
+#: where the client finds the Mooncake master (the answers carry only the sample's key); named in
+#: messages, parsed in spec_compat.core.switches
 MASTER_ENV = "SPEC_COMPAT_MOONCAKE_MASTER"
 #: the reader's local buffer (hs-connectors registers staging buffers of its own for the samples)
 READER_LOCAL_BUFFER = 16 * 1024 * 1024
@@ -43,28 +45,17 @@ def is_store_manifest(params: Any) -> bool:
             and "metadata" in params and "hidden_states_path" not in params)
 
 
-def master_from_env(environ: Mapping[str, str] | None, patch_id: str) -> str:
-    """The master named by :data:`MASTER_ENV`, checked to be ``host:port``."""
-    env = os.environ if environ is None else environ
-    address = env.get(MASTER_ENV, "").strip() or DEFAULT_MASTER
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"spec_compat[{patch_id}]: {MASTER_ENV}={address!r} is not host:port (the Mooncake "
-                         "master's address)")
-    return address
-
-
 def part_path(directory: Path, handle: str) -> Path:
     """Where a sample is written before the stock client renames it."""
     return directory / f"{PART_PREFIX}{re.sub(r'[^A-Za-z0-9._-]', '_', handle)}.safetensors"
 
 
-def open_reader(master: str) -> Any:
-    """hs-connectors' store reader joined to ``master`` with no segment (imports hs-connectors)."""
+def open_reader(master: str, local_hostname: str = "localhost") -> Any:
+    """hs-connectors' store reader joined to ``master`` as ``local_hostname`` with no segment
+    (imports hs-connectors)."""
     from hs_connectors.mooncake_store import MooncakeHiddenStatesStore, MooncakeStoreConfig
 
-    host = os.environ.get("MOONCAKE_LOCAL_HOSTNAME") or "localhost"
-    config = MooncakeStoreConfig(local_hostname=host, master_server_address=master, global_segment_size=0,
+    config = MooncakeStoreConfig(local_hostname=local_hostname, master_server_address=master, global_segment_size=0,
                                  local_buffer_size=READER_LOCAL_BUFFER)
     return MooncakeHiddenStatesStore(config).setup()
 
@@ -78,16 +69,20 @@ def _save(sample: Mapping[str, Any], path: Path) -> None:
 class StoreFiles:
     """Turns Mooncake samples into files, one reader per process (joined at the first sample)."""
 
-    def __init__(self, patch_id: str, opener: Callable[[str], Any] = open_reader,
-                 save: Callable[[Mapping[str, Any], Path], None] = _save,
-                 environ: Mapping[str, str] | None = None) -> None:
+    def __init__(self, patch_id: str, opener: Callable[[str], Any] | None = None,
+                 save: Callable[[Mapping[str, Any], Path], None] = _save, *,
+                 master: str | None = None, local_hostname: str = "localhost") -> None:
+        """``master``: ``host:port`` as parsed by the caller (None: hs-connectors' default);
+        ``opener(master)`` joins the store (:func:`open_reader` as ``local_hostname`` by default)."""
         self.patch_id = patch_id
-        self._opener, self._save, self._environ = opener, save, environ
+        self.master = master or DEFAULT_MASTER
+        self._opener = opener or (lambda address: open_reader(address, local_hostname))
+        self._save = save
         self._lock = threading.Lock()
         self._reader: Any = None
 
     def _joined(self) -> tuple[Any, str]:
-        master = master_from_env(self._environ, self.patch_id)
+        master = self.master
         with self._lock:
             if self._reader is None:
                 try:

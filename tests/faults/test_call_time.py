@@ -64,9 +64,22 @@ def _patch_files() -> list[Path]:
     return patches + sorted(path for path in modules if path.is_file())
 
 
+def _error_factories(paths: list[Path]) -> dict[str, str]:
+    """Module-level functions of ``paths`` that build and return an exception (``raise f(...)``): name ->
+    their source, where the message they word is read."""
+    out = {}
+    for path in paths:
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and any(isinstance(n, ast.Return) for n in ast.walk(node)):
+                out[node.name] = ast.unparse(node)
+    return out
+
+
 def _raise_sites() -> list[tuple[str, str, str | None]]:
-    """(file:function, exception name, message source) of every raise with a new exception."""
+    """(file:function, exception name, message source) of every raise with a new exception; for
+    ``raise factory(...)``, the message source is the factory's (:func:`_error_factories`)."""
     sites = []
+    factories = _error_factories(_patch_files())
     for path in _patch_files():
         rel = path.relative_to(PKG).as_posix()
         tree = ast.parse(path.read_text())
@@ -80,6 +93,8 @@ def _raise_sites() -> list[tuple[str, str, str | None]]:
                     func = child.exc.func
                     name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "?")
                     msg = ast.unparse(child.exc.args[0]) if child.exc.args else None
+                    if isinstance(func, ast.Name) and func.id in factories:
+                        msg = factories[func.id]
                     sites.append((f"{rel}:{'.'.join(stack)}", name, msg))
                 walk(child, stack)
 

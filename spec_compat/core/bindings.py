@@ -13,7 +13,9 @@ binding is replaced:
   (right for behavioural classes such as the scheduler and the executor).
 
 Several patches may share one binding; each adds its link under its own id and
-removes it on undo.  When the last link goes, the original binding returns.
+removes it on undo.  When the last link goes, the original binding returns.  Each link is noted
+in the patch's undo log (:meth:`Changes.touch`): the registry reports it, and refuses two
+patches on one chain unless their order is declared (``Patch.after``).
 """
 
 from __future__ import annotations
@@ -140,10 +142,15 @@ def _binding(module: ModuleType, name: str, kind: str) -> _Binding:
 
 def adapt_call(changes: Changes, module: ModuleType, name: str, adapter: KwargsAdapter,
                kind: str = "factory") -> None:
-    """Route keyword arguments of calls to ``module.name`` through ``adapter``."""
+    """Route keyword arguments of calls to ``module.name`` through ``adapter``.
+
+    The adapters of one binding run in installation order, so two patches adapting one name
+    declare their order (``Patch.after``): the binding is noted as touched, and the registry
+    refuses an undeclared second adapter (:mod:`.stacking`)."""
     b = _binding(module, name, kind)
     changes.on_undo(lambda: b.remove(changes.patch_id))
     b.kwargs[changes.patch_id] = adapter
+    changes.touch(module, name, f"{module.__name__}.{name} (keyword arguments adapted)")
 
 
 def wrap_method(changes: Changes, module: ModuleType, name: str, method: str,
@@ -155,7 +162,8 @@ def wrap_method(changes: Changes, module: ModuleType, name: str, method: str,
     # binding was replaced, and the rollback must still restore it
     changes.on_undo(lambda: b.remove(changes.patch_id))
     b.add_method(method, changes.patch_id, wrapper)
-    changes.touch(b, method)  # one wrapper chain: its order is the patches' declared order
+    # one wrapper chain: its order is the patches' declared order
+    changes.touch(b, method, f"{module.__name__}.{name}.{method} (wrapper chain)")
 
 
 def original(module: ModuleType, name: str) -> Any:

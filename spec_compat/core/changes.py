@@ -1,9 +1,17 @@
-"""The undo log of one patch installation, and the wrappers it installs."""
+"""The undo log of one patch installation, and the wrappers it installs.
+
+Every change a patch makes to a target goes through its :class:`Changes`: an attribute replaced or
+wrapped (:meth:`Changes.setattr`, :meth:`Changes.wrap`), an item of a mapping the target reads
+(:meth:`Changes.setitem`: a registry entry, a pydantic validator), a consumer's binding adapted
+(:mod:`.bindings`).  Each is undone by :meth:`Changes.undo` and noted in :attr:`Changes.touched`,
+which the registry reports (``Registry.touched``) and checks for undeclared stacks
+(:mod:`.stacking`)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 log = logging.getLogger("spec_compat")
@@ -20,13 +28,29 @@ class Changes:
     def __init__(self, patch_id: str) -> None:
         self.patch_id = patch_id
         self._undo: list[Callable[[], None]] = []
-        #: (object, attribute) pairs this installation replaced or wrapped: the registry refuses a
-        #: second patch on one of them unless its order is declared (``Patch.after``)
+        #: (object, attribute or key) pairs this installation replaced, wrapped or adapted: the
+        #: registry refuses a second patch on one of them unless its order is declared (``Patch.after``)
         self.touched: list[tuple[Any, str]] = []
+        #: (id(object), name) -> how a message names it (:meth:`label`)
+        self._labels: dict[tuple[int, str], str] = {}
 
-    def touch(self, obj: Any, name: str) -> None:
-        """Note that ``obj.name`` is replaced or wrapped by this installation (setattr and wrap do)."""
+    def touch(self, obj: Any, name: str, label: str | None = None) -> None:
+        """Note that ``obj.name`` (or the item ``obj[name]``) is replaced, wrapped or adapted by this
+        installation; ``label`` names it in messages and reports (default: ``module.Class.name``).
+        :meth:`setattr`, :meth:`wrap`, :meth:`setitem` and :mod:`.bindings` call it."""
         self.touched.append((obj, name))
+        if label is not None:
+            self._labels[(id(obj), name)] = label
+
+    def label(self, obj: Any, name: str) -> str:
+        """How messages name ``obj.name``: the label given to :meth:`touch`, or the object's
+        dotted name (module, class qualname) and the attribute."""
+        given = self._labels.get((id(obj), name))
+        return given if given is not None else f"{dotted_name(obj)}.{name}"
+
+    def described(self) -> list[str]:
+        """What this installation touched, each named once, in the order it was touched."""
+        return list(dict.fromkeys(self.label(obj, name) for obj, name in self.touched))
 
     def setattr(self, obj: Any, name: str, value: Any) -> None:
         old = obj.__dict__.get(name, _MISSING) if hasattr(obj, "__dict__") else getattr(obj, name, _MISSING)
@@ -64,7 +88,36 @@ class Changes:
         self.setattr(obj, name, wrapped)
         return wrapped
 
+    def setitem(self, mapping: Any, key: str, value: Any, *, label: str,
+                then: Callable[[], None] | None = None) -> None:
+        """``mapping[key] = value`` (a registry entry, a class's validator table), undone like
+        :meth:`setattr`: the old item returns (a new key is removed), unless someone replaced the item
+        since.  ``label`` names the item in messages and reports; ``then`` runs after the item is
+        set and again after it is restored (e.g. rebuilding a class from the table it read)."""
+        old = mapping.get(key, _MISSING) if hasattr(mapping, "get") else _MISSING
+        if then is not None:
+            # registered first, so it runs after the restore below (the log is undone in reverse)
+            self._undo.append(then)
+
+        def restore() -> None:
+            if mapping.get(key, _MISSING) is not value:
+                log.warning("spec_compat: %s: %s was replaced by someone else since it was patched; left as is",
+                            self.patch_id, label)
+                return
+            if old is _MISSING:
+                del mapping[key]
+            else:
+                mapping[key] = old
+
+        mapping[key] = value
+        self._undo.append(restore)
+        self.touch(mapping, key, label)
+        if then is not None:
+            then()
+
     def on_undo(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on undo.  Prefer :meth:`setattr`, :meth:`wrap` or :meth:`setitem` for a
+        change to a target: what ``fn`` undoes is neither reported nor checked for stacking."""
         self._undo.append(fn)
 
     def undo(self) -> None:
@@ -78,3 +131,14 @@ class Changes:
                 log.error("spec_compat: %s: undo step failed: %s", self.patch_id, exc)
         if errors:
             raise errors[0]
+
+
+def dotted_name(obj: Any) -> str:
+    """``module.Class`` for a class or function, the module's name for a module, else the type's name."""
+    if isinstance(obj, ModuleType):
+        return obj.__name__
+    qual = getattr(obj, "__qualname__", None)
+    if isinstance(qual, str):
+        mod = getattr(obj, "__module__", None)
+        return f"{mod}.{qual}" if isinstance(mod, str) and mod != "builtins" else qual
+    return type(obj).__name__

@@ -34,28 +34,33 @@ class PatchError(RuntimeError):
 
 
 class Record(tuple):
-    """What the registry decided for one patch: ``Record(id, status, target, reason)``
-    (immutable; compares by value).  A plain tuple subclass rather than a dataclass:
+    """What the registry decided for one patch: ``Record(id, status, target, reason, touched)``
+    (immutable; compares by value).  ``touched`` names what an applied patch changed through its
+    undo log (attributes, mapping items, adapted bindings; :meth:`.changes.Changes.described`),
+    empty otherwise.  A plain tuple subclass rather than a dataclass:
     ``dataclasses`` (and ``inspect``) would be most of ``import spec_compat``'s cost."""
 
     __slots__ = ()
 
-    def __new__(cls, id: str, status: Status, target: str, reason: str) -> Record:
-        return tuple.__new__(cls, (id, status, target, reason))
+    def __new__(cls, id: str, status: Status, target: str, reason: str, touched: tuple[str, ...] = ()) -> Record:
+        return tuple.__new__(cls, (id, status, target, reason, tuple(touched)))
 
     id = property(lambda self: self[0], doc="patch id")
     status = property(lambda self: self[1], doc="its Status")
     target = property(lambda self: self[2], doc="module:attribute it patches")
     reason = property(lambda self: self[3], doc="why it has this status")
+    touched = property(lambda self: self[4], doc="what an applied patch changed, each named once")
 
     def __repr__(self) -> str:
-        return f"Record(id={self.id!r}, status={self.status!r}, target={self.target!r}, reason={self.reason!r})"
+        return (f"Record(id={self.id!r}, status={self.status!r}, target={self.target!r}, reason={self.reason!r}, "
+                f"touched={self.touched!r})")
 
-    def __getnewargs__(self) -> tuple[str, Status, str, str]:
-        return (self.id, self.status, self.target, self.reason)
+    def __getnewargs__(self) -> tuple[str, Status, str, str, tuple[str, ...]]:
+        return (self.id, self.status, self.target, self.reason, self.touched)
 
-    def as_dict(self) -> dict[str, str]:
-        return {"id": self.id, "status": self.status.value, "target": self.target, "reason": self.reason}
+    def as_dict(self) -> dict[str, object]:
+        return {"id": self.id, "status": self.status.value, "target": self.target, "reason": self.reason,
+                "touched": list(self.touched)}
 
 
 class Ordered(Protocol):

@@ -328,7 +328,7 @@ class Registry:
             return
         self._changes[patch.id] = changes
         stacking.take_ownership(self._owners, patch.id, changes)
-        self._set(patch, Status.APPLIED, patch.summary)
+        self._set(patch, Status.APPLIED, patch.summary, tuple(changes.described()))
 
     def _maybe_raise(self, patch: Patch, strict: bool) -> None:
         rec = self._records[patch.id]
@@ -338,8 +338,8 @@ class Registry:
         if strict:
             raise PatchError(f"spec_compat: patch {patch.id} is {rec.status.value}: {rec.reason}")
 
-    def _set(self, patch: Patch, status: Status, reason: str) -> None:
-        self._records[patch.id] = Record(patch.id, status, patch.target, reason)
+    def _set(self, patch: Patch, status: Status, reason: str, touched: tuple[str, ...] = ()) -> None:
+        self._records[patch.id] = Record(patch.id, status, patch.target, reason, touched)
         log.debug("spec_compat: %s -> %s (%s)", patch.id, status.value, reason)
 
     def revert(self) -> None:

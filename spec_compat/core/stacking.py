@@ -1,11 +1,13 @@
-"""Patches that wrap one attribute: their declared order (``Patch.after``) and the refusal of an
+"""Patches that change one target: their declared order (``Patch.after``) and the refusal of an
 undeclared stack.
 
 The registry installs patches in :func:`install_order` (registration order, except that a patch
 comes after those it names in ``after``).  Each installation's :class:`~.changes.Changes` lists the
-(object, attribute) pairs it replaced or wrapped; the registry remembers which applied patch holds
+(object, attribute) pairs it replaced, wrapped or adapted: attributes, mapping items (a registry
+entry, a validator table's), consumer bindings whose keyword arguments :mod:`.bindings` adapts, and
+one wrapper chain per method of an adapted class.  The registry remembers which applied patch holds
 each one (:func:`take_ownership`), and :func:`refuse_undeclared` raises :class:`UndeclaredStack` when
-a patch touches an attribute another applied patch replaced without ``after`` naming that patch
+a patch touches one that another applied patch changed without ``after`` naming that patch
 (directly or through the patches it names) -- the installation is then rolled back (``failed``).
 """
 
@@ -75,8 +77,8 @@ def declared_before(patches: Mapping[str, Patch], pid: str) -> set[str]:
 
 def refuse_undeclared(patches: Mapping[str, Patch], owners: Owners, applied: Mapping[str, Any],
                       patch: Patch, changes: Changes) -> None:
-    """Raise :class:`UndeclaredStack` when ``patch``'s installation replaced or wrapped an attribute
-    that an applied patch had replaced, without declaring that patch in its ``after``."""
+    """Raise :class:`UndeclaredStack` when ``patch``'s installation replaced, wrapped or adapted
+    something an applied patch had changed, without declaring that patch in its ``after``."""
     allowed = declared_before(patches, patch.id)
     for obj, name in changes.touched:
         held = owners.get((id(obj), name))
@@ -84,10 +86,9 @@ def refuse_undeclared(patches: Mapping[str, Patch], owners: Owners, applied: Map
             continue
         owner = held[1]
         if owner != patch.id and owner in applied and owner not in allowed:
-            what = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or type(obj).__name__
             raise UndeclaredStack(
-                f"it wraps {what}.{name}, which patch {owner} replaced first, without a declared order: "
-                f"add after = ({owner!r},) to {type(patch).__name__} (or the reverse to {owner})")
+                f"it changes {changes.label(obj, name)}, which patch {owner} replaced first, without a "
+                f"declared order: add after = ({owner!r},) to {type(patch).__name__} (or the reverse to {owner})")
 
 
 def take_ownership(owners: Owners, pid: str, changes: Changes) -> None:

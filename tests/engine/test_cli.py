@@ -45,7 +45,7 @@ def test_report_json_lists_every_shim_applied():
     assert data["versions"]["vllm"] == installed_version("vllm")
     statuses = {p["id"]: p["status"] for p in data["patches"]}
     for p in data["patches"]:
-        assert set(p) == {"id", "status", "target", "reason", "proof"} and p["reason"]
+        assert set(p) == {"id", "status", "target", "reason", "touched", "proof"} and p["reason"]
         assert p["status"] in ("applied", "not-needed"), p
         if p["proof"] is not None:  # the declared proof and whether some cell recorded its pass
             assert set(p["proof"]) == {"kind", "test", "status", "recorded_in"}, p

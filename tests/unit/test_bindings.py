@@ -124,7 +124,7 @@ def test_adapt_call_through_registry_patches_and_revert(registry, fake_module, m
     p1 = make_patch(f"{mod.__name__}:Config",
                     install=lambda m, ch: bindings.adapt_call(ch, m, "Config",
                                                               set_default("is_encoder_decoder", False)))
-    p2 = make_patch(f"{mod.__name__}:Config",
+    p2 = make_patch(f"{mod.__name__}:Config", after=(p1.id,),  # one adapter chain: the order is declared
                     install=lambda m, ch: bindings.adapt_call(ch, m, "Config",
                                                               set_default("async_scheduling", False)))
     registry.apply(environ={})

@@ -31,12 +31,12 @@ def test_applied_installs_on_imported_target(registry, fake_module, make_patch, 
 
     records = registry.apply(environ={})
 
-    assert records == [Record(p.id, Status.APPLIED, target_of(mod), "swap Thing")]
+    assert records == [Record(p.id, Status.APPLIED, target_of(mod), "swap Thing", (f"{mod.__name__}.Thing",))]
     assert registry.status(p.id) is Status.APPLIED
     assert mod.Thing is replacement
     assert p.calls == [mod]
     assert records[0].as_dict() == {"id": p.id, "status": "applied", "target": target_of(mod),
-                                    "reason": "swap Thing"}
+                                    "reason": "swap Thing", "touched": [f"{mod.__name__}.Thing"]}
 
 
 def test_records_follow_registration_order(registry, fake_module, make_patch):

@@ -50,6 +50,8 @@ class AsyncSchedulingOff(Patch):
     executor; speculators drives the executor synchronously, step by step."""
 
     id = "async-scheduling-off"
+    # scheduler-config-init-vars adapts the same binding's keyword arguments: its adapter runs first
+    after = ("scheduler-config-init-vars",)
     proof = Proof("wrong-values", "tests/engine/test_shims_needed.py::test_async_scheduling_off_reaches_the_config", r"(?m)^ASYNC None$")
     summary = "SchedulerConfig(async_scheduling=False) for the generator's synchronous loop"
     upstream = "vLLM 0.14.0 config/vllm.py: async scheduling auto-enabled for the mp executor"

@@ -75,13 +75,11 @@ class Eagle3DeepseekAllowList(Patch):
                 self.verify_equal_vocab_size_if_draft_model()
                 return self
 
-        def restore() -> None:
-            validators["_verify_args"] = dec
-            rebuild_dataclass(cls, force=True)
-
-        validators["_verify_args"] = dataclasses.replace(dec, func=_verify_args)
-        changes.on_undo(restore)
-        rebuild_dataclass(cls, force=True)
+        # through the undo log: restored on undo, reported, and checked for an undeclared stack;
+        # the class is rebuilt from its validator table after the swap and again after the restore
+        changes.setitem(validators, "_verify_args", dataclasses.replace(dec, func=_verify_args),
+                        label="vllm.config.speculative.SpeculativeConfig model validator _verify_args",
+                        then=lambda: rebuild_dataclass(cls, force=True))
 
 
 def _eagle3_methods(patch_id: str, find_stack: Any) -> dict[str, Any]:

@@ -78,6 +78,5 @@ class HiddenStatesCacheGroup(Patch):
         backport = importlib.import_module(BACKPORT)
         spec = importlib.import_module(SPEC_MODULE)
         changes.setattr(spec, "HiddenStateCacheSpec", backport.HiddenStateCacheSpec)
-        sys.modules[LAYER_MODULE] = backport
-        changes.on_undo(lambda: sys.modules.pop(LAYER_MODULE, None) if sys.modules.get(LAYER_MODULE) is backport else None)
+        changes.setitem(sys.modules, LAYER_MODULE, backport, label=f"sys.modules[{LAYER_MODULE!r}]")
         changes.wrap(module.KVConnectorFactory, "create_connector", _create_connector)

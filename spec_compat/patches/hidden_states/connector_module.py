@@ -60,6 +60,5 @@ class ExampleHiddenStatesConnectorModule(Patch):
     def install(self, module: ModuleType, changes: Changes) -> None:
         backport = importlib.import_module(BACKPORT)
         name = f"{PACKAGE}.{MODULE}"
-        sys.modules[name] = backport
-        changes.on_undo(lambda: sys.modules.pop(name, None) if sys.modules.get(name) is backport else None)
+        changes.setitem(sys.modules, name, backport, label=f"sys.modules[{name!r}]")
         changes.setattr(module, MODULE, backport)

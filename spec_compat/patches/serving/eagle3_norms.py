@@ -69,8 +69,7 @@ class Eagle3SpeculatorsNormFlags(Patch):
             carry_flags(bound.arguments["config_dict"], bound.arguments[target_name])
 
         wrapper = changes.wrap(module, "update_eagle3", update_eagle3)
-        registry["eagle3"] = wrapper
-        changes.on_undo(lambda: registry.__setitem__("eagle3", stock))
+        changes.setitem(registry, "eagle3", wrapper, label=f"{module.__name__} registry['eagle3']")
 
 
 @register

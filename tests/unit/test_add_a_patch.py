@@ -2,10 +2,11 @@
 
 A throwaway patch is declared in a new module of a copied ``spec_compat/patches/`` (found by
 discovery: no list names it), with its proof test and a CHANGELOG line; after the one regenerate
-command (``tools/regenerate``) it is in the manifest, in the patch table and in ``report --json``,
-and importing its target module applies it.  Before the command, ``tools/regenerate --check`` names
-both stale files and the import does not reach the patch (``import spec_compat`` hooks only the
-manifest's modules).  The files written by hand are counted: README states the count.
+command (``tools/regenerate``) it is in the manifest, in the patch table, in the failure catalog's
+no-code table (it declares no ``fixes``) and in ``report --json``, and importing its target module
+applies it.  Before the command, ``tools/regenerate --check`` names the three stale files and the
+import does not reach the patch (``import spec_compat`` hooks only the manifest's modules).  The
+files written by hand are counted: README states the count.
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ def test_walkthrough(tmp_path):
     assert stale.returncode == 1, stale.stderr
     assert "out of date: spec_compat/core/manifest.py" in stale.stderr
     assert "out of date: docs/patches.md" in stale.stderr
+    assert "out of date: docs/failures.md" in stale.stderr
     assert _greeting(root) == "hello"  # the manifest does not name walkthrough_target yet
 
     # step 2: the one regenerate command
@@ -119,7 +121,8 @@ def test_walkthrough(tmp_path):
     done = _run(root, str(REGENERATE), "--root", str(root))
     assert done.returncode == 0, done.stderr
     generated = _changed(before_regenerate, _snapshot(root))
-    assert generated == {"spec_compat/core/manifest.py", "docs/patches.md"}, sorted(generated)
+    assert generated == {"spec_compat/core/manifest.py", "docs/patches.md", "docs/failures.md"}, sorted(generated)
+    assert "docs/failures.md" not in by_hand  # the catalog's patch lists and no-code table are generated
     print(f"adding a patch: {len(by_hand)} files by hand ({', '.join(sorted(by_hand))}), "
           f"{len(generated)} generated ({', '.join(sorted(generated))})")
     again = _run(root, str(REGENERATE), "--check", "--root", str(root))
@@ -129,6 +132,10 @@ def test_walkthrough(tmp_path):
     assert '    "walkthrough-greeting",\n' in manifest and '    "walkthrough_target",\n' in manifest
     table = (root / "docs" / "patches.md").read_text()
     assert "| `walkthrough-greeting` |  | always | driver | greet() says 'hello, world' |" in table
+    catalog = (root / "docs" / "failures.md").read_text()
+    no_code = catalog[catalog.index("<!-- no-code-table:start"):catalog.index("<!-- no-code-table:end -->")]
+    assert ("| `walkthrough-greeting` | walkthrough_target 1.0 (walkthrough_target.py greet) says 'hello' where "
+            "callers expect 'hello, world' -> the caller's check fails. | fails |\n") in no_code
     assert _greeting(root) == "hello, world"
 
     report = _run(root, "-m", "spec_compat", "report", "--json")
@@ -140,6 +147,21 @@ def test_walkthrough(tmp_path):
     # the rest of the registry is untouched: every registered id still reported
     ids = _run(root, "-c", "import spec_compat.core.manifest as m; print(len(m.PATCH_IDS))")
     assert int(ids.stdout) == len(records)
+
+
+def test_check_names_a_hand_edited_catalog(tmp_path):
+    """A Patches line or a no-code row that differs from the declarations makes failures.md stale."""
+    root = _copy(tmp_path)
+    catalog = root / "docs" / "failures.md"
+    text = catalog.read_text()
+    for old, new in (("- **Patches:** `rows-by-request-id`, `capture-per-request`", "- **Patches:** `rows-by-request-id`"),
+                     ("| `cpu-rejection-sampler` | Serving on CPU", "| `cpu-rejection-sampler` | On CPU")):
+        assert old in text, old
+        catalog.write_text(text.replace(old, new))
+        out = _run(root, str(REGENERATE), "--check", "--root", str(root))
+        assert out.returncode == 1 and "out of date: docs/failures.md" in out.stderr, out.stderr
+    catalog.write_text(text)
+    assert _run(root, str(REGENERATE), "--check", "--root", str(root)).returncode == 0
 
 
 def test_the_checkout_is_current():

@@ -2,7 +2,8 @@
 
 * every code in a registered patch's ``fixes`` has an entry (``<a id>`` anchor + ``### CODE — title``);
 * an entry's ``Patches:`` line names exactly the registered patches that declare its code;
-* the patches that declare no code are the rows of the "Patches that answer no code" table;
+* the patches that declare no code are the rows of the "Patches that answer no code" table
+  (``tools/regenerate`` writes the Patches lines and that table; ``test_add_a_patch`` checks both);
 * every code-looking token (F/O/K/G/T/S/P + number, ``P-single``) and every ``BRIEF §N`` in the
   package, the tests, the benchmarks and the Markdown docs has an entry.
 
@@ -180,7 +181,7 @@ def test_checks_fail_on_a_broken_doc(doc):
         "BRIEF §9 (x.py) not described in the 'brief' section", "F99 (x.py:1)"]
     assert unresolved_tokens(doc, {"x.py": "noqa: F401, Kimi-K2.5, Kimi-K2/K2.5"}) == []
 
-    dropped = doc.replace("- **Patches:** `capture-per-request`, `rows-by-request-id`",
+    dropped = doc.replace("- **Patches:** `rows-by-request-id`, `capture-per-request`",
                           "- **Patches:** `rows-by-request-id`")
     assert dropped != doc
     assert any(p.startswith("F10: lists") for p in patch_list_problems(dropped, reg))

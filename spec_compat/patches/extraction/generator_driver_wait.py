@@ -21,11 +21,11 @@ log = logging.getLogger("spec_compat")
 
 @register
 class DriverWaitYieldsCpu(Patch):
-    """vLLM's ``MessageQueue.acquire_read`` (distributed/device_communicators/shm_broadcast.py)
-    spins on ``sched_yield`` while speculators' driver waits for each worker step.  On a CPU platform
-    with other work on the machine the spinning driver takes CPU from the model's threads (Llama, a
-    matrix cell beside it: 9508 tok/s spinning, 18745 sleeping, 1.97x); on an idle machine the spin
-    is faster (sleeping: 0.94, 0.84 of it; benchmarks/results/capture_overhead_llama_{loaded,idle,idle2}.json).
+    """vLLM ``distributed/device_communicators/shm_broadcast.py`` ``MessageQueue.acquire_read`` busy-waits
+    (``sched_yield``) while speculators' driver waits for each worker step (P2).  On a CPU platform with
+    other work on the machine the spinning driver takes CPU from the model's threads (Llama, a matrix
+    cell beside it: 9508 tok/s spinning, 18745 sleeping, 1.97x); on an idle machine the spin is faster
+    (sleeping: 0.94, 0.84 of it; benchmarks/results/capture_overhead_llama_{loaded,idle,idle2}.json).
     Opt-in: ``SPEC_COMPAT_DRIVER_WAIT=sleep`` makes the driver's reply queues poll, then sleep."""
 
     id = "driver-wait-yields-cpu"

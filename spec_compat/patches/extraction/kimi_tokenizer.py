@@ -22,9 +22,10 @@ HOME = "transformers.convert_slow_tokenizer"
 
 @register
 class KimiTokenizerBytesToUnicode(Patch):
-    """transformers 5 (models/gpt2/tokenization_gpt2.py) no longer defines ``bytes_to_unicode``;
-    Kimi-K2.5's remote ``tokenization_kimi.py`` imports it from there -> 'ImportError: cannot import
-    name 'bytes_to_unicode'' when the tokenizer loads (vllm serve, speculators preprocessing)."""
+    """Kimi-K2.5's remote ``tokenization_kimi.py`` imports ``bytes_to_unicode`` from
+    ``transformers.models.gpt2.tokenization_gpt2``, which transformers 5 no longer defines - loud:
+    ``ImportError: cannot import name 'bytes_to_unicode'`` when the tokenizer loads (``vllm serve`` of
+    Kimi-K2.5 on vLLM >= 0.17, speculators preprocessing)."""
 
     id = "kimi-tokenizer-bytes-to-unicode"
     proof = Proof("fails", "tests/unit/test_kimi_tokenizer_tf5.py::test_tokenizer_fails_with_only_this_patch_disabled",

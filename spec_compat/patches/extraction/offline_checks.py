@@ -49,9 +49,10 @@ def _check_hidden_states(wrapped: Any, _instance: Any, args: tuple, kwargs: dict
 
 @register
 class Fp8PayloadValidation(Patch):
-    """speculators 0.9.0 data_generation/offline.py ``check_hidden_states`` calls ``torch.aminmax`` on
-    the raw tensor: hs-connectors' fp8 files (float8_e4m3fn) fail ``generate-offline-data
-    --validate-outputs`` with NotImplementedError "aminmax_cpu" for every sample."""
+    """speculators 0.9.0 ``generate-offline-data --validate-outputs`` on hs-connectors' fp8 files:
+    ``data_generation/offline.py`` ``check_hidden_states`` runs ``torch.aminmax`` on the raw float8_e4m3fn
+    tensor - loud: ``NotImplementedError: "aminmax_cpu" not implemented for 'Float8_e4m3fn'`` for every
+    sample, on any machine (files load on the CPU); now checked dequantized with their scales."""
 
     id = "fp8-payload-validation"
     proof = Proof("fails", PROOF, r"NotImplementedError: \"aminmax_cpu\" not implemented for 'Float8_e4m3fn'")

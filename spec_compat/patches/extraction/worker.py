@@ -138,9 +138,10 @@ class CapturePerRequest(Patch):
 class CaptureHandoffShm(Patch):
     """speculators 0.3.0 returns the captured tensors through ``collective_rpc`` (custom_worker:95),
     pickled by vLLM's message queue - several full copies of every captured byte, the extraction
-    bottleneck upstream (speculators PR #322).  Rows now go into /dev/shm segments as they are
-    captured; the reply is a descriptor (2-core CPU, 448 MiB: 3.22x faster, median of 5 paired repeats;
-    memory peak 1.130x the captured bytes, upstream's 3.069x; benchmarks/results/handoff_cpu.json)."""
+    bottleneck upstream (speculators PR #322).  Rows now go into shared-memory (/dev/shm) segments as
+    they are captured; the reply is a descriptor (P2, P4, P5; 2-core CPU, 448 MiB: 3.22x faster, median
+    of 5 paired repeats; memory peak 1.130x the captured bytes, upstream's 3.069x;
+    benchmarks/results/handoff_cpu.json)."""
 
     id = "capture-handoff-shm"
     after = ("capture-per-request",)

@@ -52,9 +52,11 @@ def _create_connector(wrapped: Any, _factory: Any, args: tuple, kwargs: dict) ->
 
 @register
 class HiddenStatesCacheGroup(Patch):
-    """vLLM <=0.16 has no ``HiddenStateCacheSpec`` / ``CacheOnlyAttentionLayer`` (0.17, PR #33736):
-    hs-connectors' Mooncake connector fails at creation with ImportError; without a speculative
-    config it could not read the method's layer ids either."""
+    """hs-connectors 0.9.0's Mooncake backend (``speculators train --hidden-states-backend mooncake`` and its
+    ``MooncakeHiddenStatesConnector``) on vLLM 0.15/0.16: the connector imports ``HiddenStateCacheSpec`` and
+    ``CacheOnlyAttentionLayer`` (vLLM 0.17's hidden-states KV-cache group, PR #33736) and reads the method
+    (its layer ids) from ``speculative_config`` - loud: ``ImportError: cannot import name
+    'HiddenStateCacheSpec' from 'vllm.v1.kv_cache_interface'`` when the server creates it."""
 
     id = "ehs-cache-group"
     proof = Proof("fails", PROOF, r"cannot import name 'HiddenStateCacheSpec' from 'vllm\.v1\.kv_cache_interface'")

@@ -121,8 +121,10 @@ def _initialize_kv_cache_tensors(wrapped: Any, runner: Any, args: tuple, kwargs:
 
 @register
 class ExtractHiddenStatesCapture(Patch):
-    """vLLM <=0.16 has no ``ExtractHiddenStatesModel`` / cache-only layer (0.17,
-    ``models/extract_hidden_states.py``) and no aux states for id 0, id N or DeepSeek/Kimi."""
+    """The rows behind the ``extract_hidden_states`` method on vLLM 0.15/0.16 (no ``ExtractHiddenStatesModel``
+    or cache-only layer: vLLM 0.17 ``models/extract_hidden_states.py``; no aux states for ids 0 and N or
+    DeepSeek/Kimi): without it the connector has nothing to write - loud: ``no hidden-state store in this
+    worker``."""
 
     id = "ehs-capture"
     proof = Proof("fails", SERVER_PROOF, r"RuntimeError: spec_compat\[ehs-capture\]: no hidden-state store in this worker")

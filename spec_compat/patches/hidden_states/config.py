@@ -147,9 +147,11 @@ def _vllm_config_post_init(wrapped: Any, config: Any, args: tuple, kwargs: dict)
 
 @register
 class ExtractHiddenStatesConfig(Patch):
-    """vLLM <=0.16 ``config/speculative.py:45``: method ``extract_hidden_states`` is not a
-    speculative method (pydantic literal_error), and ``kv_connector/factory.py:115`` has no
-    ExampleHiddenStatesConnector; both arrived in vLLM 0.17 (PR #33736)."""
+    """speculators >= 0.5 launch ``vllm serve --speculative_config '{"method": "extract_hidden_states", ...}'
+    --kv_transfer_config '{"kv_connector": "ExampleHiddenStatesConnector", ...}'``; vLLM 0.15/0.16
+    ``config/speculative.py:45`` has no such method (nor ``kv_connector/factory.py:115`` such a connector)
+    - loud: ``1 validation error for SpeculativeConfig ... method Input should be 'ngram', ...`` (both
+    arrived in vLLM 0.17, PR #33736)."""
 
     id = "ehs-config"
     proof = Proof("fails", SERVER_PROOF, r"ValidationError: \d+ validation errors? for SpeculativeConfig\nmethod\n  Input should be [^\n]*\[type=literal_error, input_value='extract_hidden_states'")

@@ -31,9 +31,12 @@ PROOF = "tests/server/test_hs_connectors.py::test_fp8_backend_fails_with_only_th
 
 @register
 class ExampleHiddenStatesConnectorModule(Patch):
-    """vLLM <=0.16 has no ``kv_connector/v1/example_hidden_states_connector.py`` (added in 0.17, PR
-    #33736): hs-connectors' fp8 connector imports its base class from there -> ImportError
-    when the server loads ``hs_connectors.fp8_hidden_states_connector``."""
+    """hs-connectors 0.9.0's fp8 backend (``speculators train --hidden-states-backend fp8`` and its ``vllm serve
+    --kv_transfer_config '{"kv_connector": "FP8HiddenStatesConnector", "kv_connector_module_path":
+    "hs_connectors.fp8_hidden_states_connector", ...}'``) on vLLM 0.15/0.16: its connector subclasses
+    ``ExampleHiddenStatesConnector`` from ``kv_connector/v1/example_hidden_states_connector.py``, which
+    arrived in vLLM 0.17 (PR #33736) - loud: ``ImportError: cannot import name
+    'example_hidden_states_connector' from 'vllm.distributed.kv_transfer.kv_connector.v1'`` when the server loads it."""
 
     id = "ehs-connector-module"
     proof = Proof("fails", PROOF, r"cannot import name 'example_hidden_states_connector' from 'vllm\.distributed\.kv_transfer\.kv_connector\.v1'")

@@ -32,8 +32,9 @@ def _accelerator_module(wrapped: Any, _instance: Any, args: tuple, kwargs: dict)
 
 @register
 class HostStreams(Patch):
-    """hs-connectors 0.9.0 device.py ``accelerator_module``: the compiled-in accelerator even when
-    none is available; the Mooncake connector's ``register_kv_caches`` fails on a CPU machine."""
+    """hs-connectors 0.9.0 ``device.py`` ``accelerator_module`` returns torch's compiled-in accelerator even
+    where none is available; on a CPU machine the Mooncake connector dies in ``register_kv_caches``
+    creating its copy stream (with torch's CUDA build: a CUDA driver error)."""
 
     id = "hs-connectors-host-streams"
     proof = Proof("fails", PROOF, r"in register_kv_caches\n\s+self\._copy_stream = self\._device\(\)\.Stream\(\)\n")

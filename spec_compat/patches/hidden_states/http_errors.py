@@ -46,9 +46,10 @@ async def _create_completion(wrapped: Any, instance: Any, args: tuple, kwargs: d
 
 @register
 class ExtractionWriteErrorStatus(Patch):
-    """vLLM 0.15/0.16 completion/serving.py ``create_completion`` returns HTTP 200 for a request
-    whose hidden states the backport's connector could not write (``hidden_states_path: null``):
-    the client sees a malformed answer instead of the error."""
+    """The backport's failed write (storage directory gone, replaced, unwritable or full) on vLLM 0.15/0.16:
+    ``completion/serving.py`` ``create_completion`` answers HTTP 200 with ``hidden_states_path: null``, and
+    speculators' client fails with "Response kv_transfer_params missing both 'hidden_states_path' and
+    'handle'" - the cause is only in the server log; now HTTP 500 with the cause."""
 
     id = "ehs-write-error-status"
     proof = Proof("wrong-values", PROOF, r"HTTP 200 for a request whose hidden states were not written")

@@ -21,8 +21,12 @@ PROOF = "tests/server/test_mooncake_master_down.py::test_master_down_fails_late_
 
 @register
 class MooncakeMasterAtStart(Patch):
-    """hs-connectors 0.9.0: the Mooncake connector connects to its master only at the first write; a
-    server with the master down starts, answers the first request, then its EngineCore dies."""
+    """``vllm serve`` with hs-connectors 0.9.0's Mooncake backend while its master is down or its address
+    wrong: the connector sets its store up at the first write (``_ensure_store``), so the server loads the
+    model, serves, answers the first request with a handle, retries the master for ~85 s and then
+    EngineCore dies - loud, late: ``RuntimeError: Mooncake setup failed for key=127.0.0.1 with status=-1``;
+    now refused at configuration (one TCP connection to ``master_server_address``), naming the address,
+    before any model loads."""
 
     id = "mooncake-master-at-start"
     proof = Proof("fails", PROOF, r"RuntimeError: Mooncake setup failed for key=\S+ with status=-?\d+")

@@ -69,8 +69,12 @@ async def _create_completion(wrapped: Any, instance: Any, args: tuple, kwargs: d
 
 @register
 class MooncakeAnswerAfterPut(Patch):
-    """hs-connectors 0.9.0 Mooncake connector: the answer (HTTP 200, the handle) precedes the put; a
-    put that fails (master killed, store full) leaves the client a handle of a sample no store holds."""
+    """hs-connectors 0.9.0's Mooncake connector answers a request with its sample's handle (``request_finished``)
+    and puts the sample afterwards on a worker thread (``_write_sample``); with the master killed mid-run (or
+    the store full) the put fails (``Mooncake put_from failed ... status=-900`` / ``-200``), only the log says
+    so, and the client holds an HTTP 200 with the handle of a sample no store holds - silent until its reader
+    fails; now the API server answers once the sample is in the store: 503 naming the master, 500 with the
+    worker's error marker (store full), 504 after 30 s (vLLM 0.15/0.16 and native 0.32 alike)."""
 
     id = PID
     proof = Proof("wrong-values", PROOF, r"HTTP 200 with the handle of a sample the store does not hold")

@@ -68,8 +68,11 @@ async def _generate_hidden_states(wrapped: Any, _instance: Any, args: tuple, kwa
 
 @register
 class OfflineDataFromMooncake(Patch):
-    """speculators 0.9.0 ``generate-offline-data`` takes every answer's handle for a file path: with a
-    Mooncake server (hs-connectors 0.9.0) each sample is skipped (``No such file or directory``)."""
+    """speculators 0.9.0's ``generate-offline-data`` moves each answer's handle into ``hs_<i>.safetensors``
+    (``_worker``: ``shutil.move``); a server with hs-connectors 0.9.0's Mooncake backend answers with a store
+    key, so every sample is skipped (``[Errno 2] No such file or directory``) and nothing is written; now each
+    sample is read from the store (master: ``SPEC_COMPAT_MOONCAKE_MASTER``), written as the file, and removed
+    from the store (client side, any vLLM)."""
 
     id = PID
     proof = Proof("fails", PROOF, r"Skipping sample \d+ due to error: \[Errno 2\] No such file or directory")

@@ -133,9 +133,11 @@ def _attach_router(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
 
 @register
 class RenderTokenIds(Patch):
-    """vLLM 0.15/0.16 chat_completion/api_router.py ``render_chat_completion`` answers
-    ``[conversation, engine_prompts]`` and ignores ``truncation_side``; speculators >= 0.8
-    prepare-data reads ``token_ids`` (vLLM >= 0.18's answer) and skips every chat row."""
+    """speculators >= 0.8 ``prepare-data --render-endpoint`` on chat rows against vLLM 0.15/0.16:
+    ``chat_completion/api_router.py`` ``render_chat_completion`` answers ``[conversation, engine_prompts]``
+    and cuts on the tokenizer's side (vLLM's default ``left``), so every conversation is skipped with "Render
+    endpoint response missing 'token_ids'"; now ``{"token_ids": [...]}`` (vLLM >= 0.18's answer) cut on
+    ``truncation_side``, on extraction servers."""
 
     id = ID
     proof = Proof("wrong-values", PROOF, r"Render endpoint response missing 'token_ids'")

@@ -23,8 +23,11 @@ READS = ("get_cached", "get_generated")
 
 @register
 class FileTransferRefusesFp8(Patch):
-    """hs-connectors 0.9.0 transfer.py ``FileTransfer``: fp8 payloads (rows + per-token scales) pass
-    through the ``file`` backend; speculators' collate casts them to bf16 unscaled - wrong rows, no error."""
+    """A trainer started with ``--hidden-states-backend file`` against a server started with hs-connectors
+    0.9.0's fp8 backend: ``transfer.py`` ``FileTransfer`` returns the fp8 rows and their per-token scales as
+    they are, and speculators 0.9.0's ``CollateFn`` casts the rows to bf16 without the scales - silent: rows
+    off by their token's scale (max|diff|/max|ref| 2.18e3 in the proof); now refused naming the file and the
+    backend to use."""
 
     id = "file-transfer-refuses-fp8"
     proof = Proof("wrong-values", PROOF, r"WRONG file backend on fp8 files: max\|diff\|/max\|ref\| = \S+ > \S+")

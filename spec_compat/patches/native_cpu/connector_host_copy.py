@@ -29,9 +29,9 @@ NATIVE_PROOF = "tests/server/test_native_cpu.py::test_extraction_fails_with_only
 
 @register
 class HiddenStatesConnectorHostCopy(Patch):
-    """vLLM 0.28+ example_hidden_states_connector.py ``_submit_async_write``: CUDA event, side
-    stream and ``pin_memory=True`` for a cache in host memory -> on the CPU build every
-    extraction request fails 'Found no NVIDIA driver on your system' (HTTP 500)."""
+    """vLLM >= 0.28 on CPU: ``example_hidden_states_connector.py`` ``_submit_async_write`` copies rows through
+    a CUDA event, side stream and pinned memory (``pin_memory=True`` for a cache in host memory) - loud:
+    ``Found no NVIDIA driver on your system`` in the worker, HTTP 500 for every extraction request."""
 
     id = "ehs-connector-host-copy"
     proof = Proof("fails", NATIVE_PROOF, r"in _submit_async_write\n(?:  .*\n)*RuntimeError: Found no NVIDIA driver on your system")

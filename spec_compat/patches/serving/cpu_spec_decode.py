@@ -28,9 +28,9 @@ def _require_cpu_platform() -> None:
 
 @register
 class CpuRunnerSpeculativeConfig(Patch):
-    """vLLM 0.15/0.16 ``v1/worker/cpu_model_runner.py:25`` asserts
-    ``speculative_config is None``: every speculative method fails on CPU at
-    engine start ("spec decode is not supported")."""
+    """Serving on CPU, vLLM 0.15/0.16 ``v1/worker/cpu_model_runner.py:25`` asserts ``speculative_config is
+    None``: every speculative method fails at engine start - loud: ``AssertionError: spec decode is not
+    supported.``"""
 
     id = "cpu-runner-speculative-config"
     proof = Proof("fails", SERVING, r"AssertionError: spec decode is not supported\.", using="llama")
@@ -79,9 +79,10 @@ class CpuRunnerSpeculativeConfig(Patch):
 
 @register
 class CpuRunnerLoadsDrafter(Patch):
-    """vLLM 0.15/0.16 ``CPUModelRunner.load_model`` loads only the target: the
-    GPU runner's drafter loading and EAGLE-3 aux-layer setup (gpu_model_runner
-    ``load_model``) never run on CPU -> the drafter has no weights."""
+    """Serving on CPU: vLLM 0.15/0.16 ``CPUModelRunner.load_model`` loads only the target (the GPU runner's
+    drafter loading and EAGLE-3 aux-layer setup, gpu_model_runner ``load_model``, never run on CPU): the
+    drafter is never loaded, it has no weights - loud: ``AssertionError: All drafting layers should
+    belong to the same kv cache group``."""
 
     id = "cpu-runner-loads-drafter"
     proof = Proof("fails", SERVING, r"AssertionError: All drafting layers should belong to the same kv cache group", using="llama")
@@ -126,9 +127,10 @@ class CpuRunnerLoadsDrafter(Patch):
 
 @register
 class CpuDraftTokenCopy(Patch):
-    """vLLM 0.15/0.16 ``gpu_model_runner.py`` ~3879/3910 copy draft tokens and
-    valid-token counts to the host on a side CUDA stream; the CPU runner's
-    stream placeholders have no ``wait_stream`` and there is no current stream."""
+    """Serving on CPU: vLLM 0.15/0.16 ``gpu_model_runner.py`` ~3879/3910 (``_copy_draft_token_ids_to_cpu``)
+    copy draft tokens and valid-token counts to the host on a side CUDA stream; the CPU runner's stream
+    placeholders have no ``wait_stream`` and there is no current stream - loud: ``RuntimeError: Found no
+    NVIDIA driver on your system``."""
 
     id = "cpu-draft-token-copy"
     proof = Proof("fails", SERVING, r"in _copy_draft_token_ids_to_cpu\n(?:  .*\n)*RuntimeError: Found no NVIDIA driver on your system", using="llama")
@@ -217,9 +219,9 @@ class _TorchKernels(Patch):
 
 @register
 class CpuRejectionSampler(_TorchKernels):
-    """vLLM 0.15/0.16 ``v1/sample/rejection_sampler.py`` launches Triton kernels
-    (greedy/random rejection, expand, recovered tokens); on CPU Triton is
-    disabled and the first verification step raises."""
+    """Serving on CPU: vLLM 0.15/0.16 ``v1/sample/rejection_sampler.py`` launches Triton-only kernels
+    (greedy/random rejection, expand, recovered tokens); on CPU Triton is disabled and the first
+    verification step raises - loud: ``TypeError: 'function' object is not subscriptable``."""
 
     id = "cpu-rejection-sampler"
     proof = Proof("fails", SERVING, r"rejection_greedy_sample_kernel\[\(batch_size,\)\]\(.*\n(?:  .*\n)*TypeError: .function. object is not subscriptable", using="llama")
@@ -237,9 +239,9 @@ class CpuRejectionSampler(_TorchKernels):
 
 @register
 class CpuEaglePaddedBatch(_TorchKernels):
-    """vLLM 0.15/0.16 ``v1/spec_decode/eagle.py`` ~922/962 prepare the padded
-    drafter batch with Triton kernels (next token ids, token indices to
-    sample); on CPU they raise after the first verification step."""
+    """Serving on CPU: vLLM 0.15/0.16 ``v1/spec_decode/eagle.py`` ~922/962 prepare the padded drafter batch
+    with Triton-only kernels (next token ids, token indices to sample); on CPU they raise after the first
+    verification step - loud: ``AttributeError: module 'triton' has no attribute 'next_power_of_2'``."""
 
     id = "cpu-eagle-padded-batch"
     proof = Proof("fails", SERVING, r"in prepare_next_token_ids_padded\n(?:  .*\n)*AttributeError: module .triton. has no attribute .next_power_of_2.", using="llama")

@@ -19,10 +19,11 @@ from .. import _guards as guard
 
 @register
 class FusedLossOwnAutotuneLists(Patch):
-    """speculators 0.9.0 losses/fused.py:128 one ``_autotune_tile`` decorator for the forward and
-    backward kernels -> torch.compile of the draft forward on CUDA: Dynamo AssertionError
-    'ListVariable ... is already tracked for mutation' at the first training step (default
-    ``--loss-implementation fused``)."""
+    """speculators 0.9.0 training on a GPU with its default ``--loss-implementation fused``:
+    ``losses/fused.py:128`` decorates the forward and backward Triton kernels with one ``triton.autotune``
+    object (``_autotune_tile``: shared ``configs`` / ``keys`` lists), and the trainer compiles the draft
+    forward whenever CUDA is present - loud: Dynamo ``AssertionError: ListVariable(length=21) is already
+    tracked for mutation`` at the first step (torch 2.11.0, triton 3.6.0, one H200)."""
 
     id = "fused-loss-own-autotune-lists"
     proof = Proof("hardware", "tests/gpu/test_fused_loss.py::test_compiled_fused_loss_fails_without_the_patch",

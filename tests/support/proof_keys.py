@@ -36,6 +36,7 @@ when it is equal.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import json
 import os
@@ -73,7 +74,15 @@ def is_unit(name: str, root: Path = ROOT) -> bool:
     path = root / name
     if not path.is_file():
         return False
-    for node in ast.walk(ast.parse(path.read_bytes())):
+    stat = path.stat()
+    return _declares_a_patch(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=None)
+def _declares_a_patch(path: str, _mtime_ns: int, _size: int) -> bool:
+    """Whether the module at ``path`` has a class under ``@register`` (parsed once per file version:
+    a key's computation asks for every file a run loaded, ``matrix/proofs`` for every record)."""
+    for node in ast.walk(ast.parse(Path(path).read_bytes())):
         if isinstance(node, ast.ClassDef):
             for deco in node.decorator_list:
                 if (isinstance(deco, ast.Name) and deco.id == "register") or (

@@ -29,12 +29,16 @@ HELPERS = ("ranges",)
 
 
 def _discover() -> tuple[str, ...]:
-    """Import every patch module under this package, in sorted order; their dotted names."""
+    """Import every unit under this package, in sorted order; their dotted names.  A unit is a module
+    of a group folder (``patches/<group>/<unit>.py``) or a folder of its own there
+    (``patches/<group>/<unit>/__init__.py`` declares, its other modules hold the behaviour)."""
     found = []
+    depth = __name__.count(".") + 2  # spec_compat.patches.<group>.<unit>
     for info in pkgutil.walk_packages(__path__, f"{__name__}."):
         leaf = info.name.rsplit(".", 1)[-1]
-        if not info.ispkg and not leaf.startswith("_") and leaf not in HELPERS:
-            found.append(info.name)
+        if leaf.startswith("_") or leaf in HELPERS or info.name.count(".") != depth:
+            continue
+        found.append(info.name)
     for name in sorted(found):
         importlib.import_module(name)
     return tuple(sorted(found))

@@ -6,16 +6,20 @@ of that command), so ``spec-compat report`` never imports the demo's or the eval
   patches [--markdown]             the registered patches and their version ranges  (report.py)
   run SCRIPT [ARGS...]             run an unmodified script with the registry applied  (run.py)
   selftest [--model DIR|llama]     stock extraction vs a transformers reference    (selftest.py)
+           [--trust-remote-code]
   fixture NAME OUT_DIR [--seed N]  write a deterministic tiny checkpoint, or a published-format
                                    EAGLE-3 head                                      (fixture.py)
   demo [--model llama|kimi-k25] [--json] [--verbose]
                                    the whole pipeline on a tiny fixture, ending with evaluate
                                    (demo.py; its steps in demo_steps.py)
-  evaluate --target DIR --draft DIR [--draft DIR ...] [--plot PNG] [--json]
+  evaluate --target DIR --draft DIR [--draft DIR ...] [--plot PNG] [--json] [--trust-remote-code]
                                    serve the drafts: lossless check and acceptance per position,
                                    one table for several drafts (compare_drafts.py; one draft's run: evaluate.py)
 
-``--json`` writes exactly one JSON document on stdout; logs go to stderr (console.py).
+``--json`` writes exactly one JSON document on stdout; logs go to stderr (console.py).  What every
+command checks about a checkpoint directory it is given (and the ``--trust-remote-code`` consent
+before any of the checkpoint's own Python runs): checkpoints.py; the vLLM engine runs the commands
+share: engine_runs.py.
 """
 
 from __future__ import annotations
@@ -42,6 +46,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def _switches_help() -> str:
+    """Every environment switch (``spec_compat.core.switches``: the one place they are parsed)."""
+    from ..core import switches
+
+    parts = ["SPEC_COMPAT_DISABLE=id,id|*", "SPEC_COMPAT_STRICT=1", "SPEC_COMPAT_LOG=DEBUG"]
+    parts += [f"{var} ({s.doc})" for var, s in switches.SWITCHES.items()]
+    return "Switches (docs/switches.md): " + ";  ".join(parts)
+
+
 def command_of(argv: Sequence[str]) -> str | None:
     """The command ``argv`` names: its first word that is not an option (the top-level parser has
     options without values only), or None."""
@@ -54,9 +67,7 @@ def parser(only: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="spec-compat",
         description="Run stock speculators on newer vLLM through a version-keyed registry of run-time patches.",
-        epilog="Switches: SPEC_COMPAT_DISABLE=id,id|*  SPEC_COMPAT_STRICT=1  SPEC_COMPAT_LOG=DEBUG  "
-               "SPEC_COMPAT_DRIVER_WAIT=spin|sleep  SPEC_COMPAT_DRIVER_THREADS=1|N|keep  "
-               "SPEC_COMPAT_SHM_POOL_MB=0|N  SPEC_COMPAT_NONFINITE=raise|warn  SPEC_COMPAT_AUX_IDS=auto|input|output",
+        epilog=_switches_help(),
     )
     p.add_argument("--version", action="version", version=f"spec-compat {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")

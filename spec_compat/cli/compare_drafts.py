@@ -21,15 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from .console import stdout_to_stderr
-from .evaluate import (EvalResult, EvaluateError, _check_eagle3_draft, _check_model_dir, _engine_kwargs, _generate,
-                       declares_remote_code, evaluate, load_prompts, serving_unsupported, summarise, table)
+from .checkpoints import TRUST_FLAG, TRUST_HELP, CheckpointError, checked_target, eagle3_draft, model_dir
+from .engine_runs import engine_kwargs, generate
+from .evaluate import EvalResult, EvaluateError, evaluate, load_prompts, serving_unsupported, summarise, table
 
 log = logging.getLogger("spec_compat")
 
 
 def evaluate_drafts(target: str, drafts: Sequence[str], prompts: str | None = None, k: int = 3,
                     max_tokens: int = 64, max_model_len: int = 2048, limit: int | None = None, eager: bool = True,
-                    seed: int = 0, ignore_eos: bool = True) -> list[EvalResult]:
+                    seed: int = 0, ignore_eos: bool = True, trust_remote_code: bool = False) -> list[EvalResult]:
     """``spec-compat evaluate`` for several drafts: the speculative runs first (in order: a draft or
     engine that cannot serve fails before the reference run), then one reference run."""
     import spec_compat  # noqa: F401  (registry applied in this process; the plugin does the engine's)
@@ -38,14 +39,14 @@ def evaluate_drafts(target: str, drafts: Sequence[str], prompts: str | None = No
         raise EvaluateError(f"--k and --max-tokens must be at least 1, got {k} and {max_tokens}")
     if not drafts:
         raise EvaluateError("no draft to evaluate (--draft DIR, repeated)")
-    tdir = _check_model_dir(target, "target")
-    ddirs = [_check_model_dir(d, "draft") for d in drafts]
+    model_dir(target, "target")
+    ddirs = [model_dir(d, "draft") for d in drafts]
     for ddir in ddirs:
-        _check_eagle3_draft(ddir)
+        eagle3_draft(ddir)
+    tdir, trust = checked_target(target, "target", trust_remote_code)
     unsupported = serving_unsupported()
     if unsupported:
         raise EvaluateError(unsupported)
-    trust = declares_remote_code(tdir)
     from transformers import AutoTokenizer
 
     ids = load_prompts(prompts, AutoTokenizer.from_pretrained(str(tdir), trust_remote_code=trust), limit)
@@ -53,11 +54,11 @@ def evaluate_drafts(target: str, drafts: Sequence[str], prompts: str | None = No
     if too_long:
         raise EvaluateError(f"{len(too_long)} prompts do not fit max_model_len {max_model_len} with {max_tokens} new "
                             f"tokens (first: prompt {too_long[0]})")
-    base_kw = _engine_kwargs(tdir, trust, max_model_len, eager, seed)
-    runs = [_generate(dict(base_kw, speculative_config={"method": "eagle3", "model": str(d),
+    base_kw = engine_kwargs(tdir, trust, max_model_len, eager, seed)
+    runs = [generate(dict(base_kw, speculative_config={"method": "eagle3", "model": str(d),
                                                          "num_speculative_tokens": int(k)}), ids, max_tokens, ignore_eos)
             for d in ddirs]
-    base, _, _, t_base = _generate(base_kw, ids, max_tokens, ignore_eos)
+    base, _, _, t_base = generate(base_kw, ids, max_tokens, ignore_eos)
     return [summarise(base, spec, before, after, k, {"no_spec": round(t_base, 3), "spec": round(t_spec, 3)})
             for spec, before, after, t_spec in runs]
 
@@ -140,6 +141,7 @@ def add_arguments(command: str, e: argparse.ArgumentParser) -> None:
     e.add_argument("--prompts", default=None, help="prompts file: .jsonl with prompt_token_ids, prompt or "
                                                    "messages/conversations per line, or one raw prompt per line "
                                                    "(default: spec-compat's 16 held-out chat prompts)")
+    e.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     e.add_argument("--k", type=int, default=3, help="speculative tokens per draft (default 3)")
     e.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt (default 64)")
     e.add_argument("--max-model-len", type=int, default=2048, help="engine max_model_len (default 2048)")
@@ -161,12 +163,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         with stdout_to_stderr():  # vLLM logs to stdout: stdout holds the table or the JSON only
             if len(drafts) == 1:
                 results = [evaluate(args.target, drafts[0], prompts=args.prompts, k=args.k, max_tokens=args.max_tokens,
-                                    max_model_len=args.max_model_len, limit=args.limit, eager=not args.compile)]
+                                    max_model_len=args.max_model_len, limit=args.limit, eager=not args.compile,
+                                    trust_remote_code=args.trust_remote_code)]
             else:
                 results = evaluate_drafts(args.target, drafts, prompts=args.prompts, k=args.k,
                                           max_tokens=args.max_tokens, max_model_len=args.max_model_len,
-                                          limit=args.limit, eager=not args.compile)
-    except EvaluateError as exc:
+                                          limit=args.limit, eager=not args.compile,
+                                          trust_remote_code=args.trust_remote_code)
+    except CheckpointError as exc:  # EvaluateError too
         print(f"spec-compat evaluate: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001  (a spec-compat refusal raised inside vLLM's config checks)

@@ -118,7 +118,8 @@ def _steps(p: Progress, res: DemoResult, fixture: str, jsonl: Path, epochs: int,
 
         regen = out_dir / "regenerated_chat.jsonl"
         res.regenerated = p.step("regenerate the assistant turns with the target (vLLM, greedy)",
-                                 lambda: regenerate_chats(res.model_dir, jsonl, regen, max_model_len=seq_len))
+                                 lambda: regenerate_chats(res.model_dir, jsonl, regen, max_model_len=seq_len,
+                                                                  trust_remote_code=True))  # the demo wrote it
         jsonl = regen
     dataset = p.step("preprocess chat data (speculators.data_generation.preprocessing)",
                      lambda: preprocess(res.model_dir, jsonl, out_dir, seq_len))
@@ -151,7 +152,8 @@ def _steps(p: Progress, res: DemoResult, fixture: str, jsonl: Path, epochs: int,
         p.note(f"[demo] serving step skipped: {res.evaluation_skipped}")
     elif evaluate:
         res.evaluation = p.step(f"serve the draft as EAGLE-3 speculator, k={k} (spec-compat evaluate)",
-                                lambda: serve_and_measure(res.model_dir, last, k=k, max_model_len=seq_len).as_dict())
+                                lambda: serve_and_measure(res.model_dir, last, k=k, max_model_len=seq_len,
+                                                          trust_remote_code=True).as_dict())
 
     def report() -> dict[str, Any]:
         from .report import report_data
@@ -193,7 +195,8 @@ def _evaluation_table(data: dict[str, Any]) -> str:
 
 
 def add_arguments(command: str, d: argparse.ArgumentParser) -> None:
-    d.add_argument("--model", default="llama", choices=["llama", "kimi-k25"], help="fixture to use (default llama)")
+    d.add_argument("--model", default="llama", choices=["llama", "kimi-k25"], help="fixture to use (default llama); kimi-k25 ships remote code (its "
+                   "configuration and tokenizer), which the demo wrote itself and so runs without --trust-remote-code")
     d.add_argument("--out", default=None, help="output directory, must not hold earlier results "
                                                "(default ./spec-compat-demo/MODEL)")
     d.add_argument("--epochs", type=int, default=24, help="training epochs (default 24)")

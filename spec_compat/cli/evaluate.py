@@ -13,29 +13,23 @@ install unchanged.
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import os
-import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 
+from .checkpoints import CheckpointError, checked_target, eagle3_draft, model_dir
+from .engine_runs import engine_kwargs, generate
+
 log = logging.getLogger("spec_compat")
 
 EVAL_PROMPTS = Path(__file__).parent.parent / "data" / "eval_prompts.jsonl"
-_METRIC = "vllm:spec_decode_"
-#: counted by vLLM's output processor (the frontend), not by the scheduler's spec-decode stats:
-#: one inter-token-latency observation per request output after the request's first token
-#: (one per decode step that gave the request tokens), and every token delivered
-_OUTPUT_STEPS = "vllm:inter_token_latency_seconds"
-_OUTPUT_TOKENS = "vllm:generation_tokens"
 
 
-class EvaluateError(ValueError):
+class EvaluateError(CheckpointError):
     """Bad input to evaluate/regenerate (path, prompts file, arguments)."""
 
 
@@ -65,45 +59,6 @@ class EvalResult:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _check_model_dir(path: str | os.PathLike[str], what: str) -> Path:
-    p = Path(path)
-    if not p.is_dir():
-        raise EvaluateError(f"{what} {str(p)!r} is not a directory")
-    if not (p / "config.json").is_file():
-        raise EvaluateError(f"{what} {str(p)!r} has no config.json (not a checkpoint directory)")
-    return p
-
-
-def _check_eagle3_draft(draft: Path) -> None:
-    """An EAGLE-3 draft: speculators' format (``speculators_model_type: eagle3``) or a native
-    vLLM/HF one (an ``Eagle3`` architecture)."""
-    try:
-        cfg = json.loads((draft / "config.json").read_text())
-    except ValueError as exc:
-        raise EvaluateError(f"draft {str(draft)!r}: config.json is not JSON: {exc}") from None
-    archs = cfg.get("architectures") or []
-    if cfg.get("speculators_model_type") != "eagle3" and not any("eagle3" in str(a).lower() for a in archs):
-        raise EvaluateError(f"draft {str(draft)!r} is not an EAGLE-3 draft (speculators_model_type "
-                            f"{cfg.get('speculators_model_type')!r}, architectures {archs})")
-
-
-def declares_remote_code(model_dir: Path) -> bool:
-    """A checkpoint whose config.json names remote code: speculators' own generator loads such a
-    target with ``trust_remote_code=True``; so do we, and only then (the rule of
-    ``verifier-config-text-model``)."""
-    from ..shims.hf_config import declares_remote_config
-
-    return declares_remote_config(model_dir)
-
-
-def _text_config(model_dir: Path, trust: bool) -> Any:
-    from transformers import AutoConfig
-
-    from ..shims.verifier import text_config
-
-    return text_config(AutoConfig.from_pretrained(str(model_dir), trust_remote_code=trust))
 
 
 def load_prompts(path: str | os.PathLike[str] | None, tokenizer: Any, limit: int | None = None) -> list[list[int]]:
@@ -159,53 +114,6 @@ def _prompt_ids(obj: Any, tokenizer: Any, where: str) -> list[int]:
     raise EvaluateError(f"{where}: needs prompt_token_ids, prompt or messages/conversations")
 
 
-def _engine_kwargs(target: Path, trust: bool, max_model_len: int, eager: bool, seed: int) -> dict[str, Any]:
-    from ..verify.settings import prefer_non_mla
-
-    prefer_non_mla(_text_config(target, trust))
-    return dict(model=str(target), tokenizer=str(target), trust_remote_code=trust, max_model_len=max_model_len,
-                enforce_eager=eager, seed=seed, disable_log_stats=False)
-
-
-def _counters(llm: Any) -> dict[str, Any]:
-    got: dict[str, Any] = {}
-    for m in llm.get_metrics():
-        if m.name.startswith(_METRIC):
-            key = m.name[len(_METRIC):]
-            got[key] = list(m.values) if hasattr(m, "values") else m.value
-        elif m.name == _OUTPUT_STEPS:
-            got["output_steps"] = got.get("output_steps", 0) + int(m.count)
-        elif m.name == _OUTPUT_TOKENS:
-            got["output_tokens"] = got.get("output_tokens", 0) + int(m.value)
-    return got
-
-
-def _shutdown(llm: Any) -> None:
-    engine = getattr(llm, "llm_engine", None)
-    core = getattr(engine, "engine_core", None)
-    if core is not None and hasattr(core, "shutdown"):
-        core.shutdown()
-    del llm
-    gc.collect()
-
-
-def _generate(kwargs: dict[str, Any], prompts: Sequence[Sequence[int]], max_tokens: int,
-              ignore_eos: bool) -> tuple[list[list[int]], dict[str, Any], dict[str, Any], float]:
-    from vllm import LLM, SamplingParams
-
-    llm = LLM(**kwargs)
-    try:
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos)
-        before = _counters(llm)
-        t0 = time.perf_counter()
-        outs = llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
-        seconds = time.perf_counter() - t0
-        after = _counters(llm)
-        return [list(o.outputs[0].token_ids) for o in outs], before, after, seconds
-    finally:
-        _shutdown(llm)
-
-
 def serving_unsupported() -> str | None:
     """Why an EAGLE-3 draft cannot be served by the installed vLLM here (None when it can):
     without CUDA, vLLM's CPU runner refuses speculative decoding and spec-compat's CPU
@@ -226,7 +134,8 @@ def serving_unsupported() -> str | None:
 
 def evaluate(target: str | os.PathLike[str], draft: str | os.PathLike[str], prompts: str | None = None,
              k: int = 3, max_tokens: int = 64, max_model_len: int = 2048, limit: int | None = None,
-             eager: bool = True, seed: int = 0, ignore_eos: bool = True) -> EvalResult:
+             eager: bool = True, seed: int = 0, ignore_eos: bool = True,
+             trust_remote_code: bool = False) -> EvalResult:
     """Greedy outputs with and without the draft; lossless check and acceptance counters."""
     import spec_compat  # noqa: F401  (registry applied in this process; the plugin does the engine's)
 
@@ -234,13 +143,13 @@ def evaluate(target: str | os.PathLike[str], draft: str | os.PathLike[str], prom
         raise EvaluateError(f"--k must be at least 1, got {k}")
     if max_tokens < 1:
         raise EvaluateError(f"--max-tokens must be at least 1, got {max_tokens}")
-    tdir = _check_model_dir(target, "target")
-    ddir = _check_model_dir(draft, "draft")
-    _check_eagle3_draft(ddir)
+    model_dir(target, "target")
+    ddir = model_dir(draft, "draft")
+    eagle3_draft(ddir)
+    tdir, trust = checked_target(target, "target", trust_remote_code)
     unsupported = serving_unsupported()
     if unsupported:
         raise EvaluateError(unsupported)
-    trust = declares_remote_code(tdir)
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tdir), trust_remote_code=trust)
@@ -249,12 +158,12 @@ def evaluate(target: str | os.PathLike[str], draft: str | os.PathLike[str], prom
     if too_long:
         raise EvaluateError(f"{len(too_long)} prompts do not fit max_model_len {max_model_len} with "
                             f"{max_tokens} new tokens (first: prompt {too_long[0]}, {len(ids[too_long[0]])} tokens)")
-    base_kw = _engine_kwargs(tdir, trust, max_model_len, eager, seed)
+    base_kw = engine_kwargs(tdir, trust, max_model_len, eager, seed)
     spec_kw = dict(base_kw, speculative_config={"method": "eagle3", "model": str(ddir),
                                                 "num_speculative_tokens": int(k)})
     # speculative run first: a draft or engine that cannot serve fails before the reference run
-    spec, before, after, t_spec = _generate(spec_kw, ids, max_tokens, ignore_eos)
-    base, _, _, t_base = _generate(base_kw, ids, max_tokens, ignore_eos)
+    spec, before, after, t_spec = generate(spec_kw, ids, max_tokens, ignore_eos)
+    base, _, _, t_base = generate(base_kw, ids, max_tokens, ignore_eos)
     return summarise(base, spec, before, after, k, {"no_spec": round(t_base, 3), "spec": round(t_spec, 3)})
 
 

@@ -8,17 +8,21 @@ import json
 import os
 from pathlib import Path
 
-from .evaluate import EvaluateError, _check_model_dir, _engine_kwargs, _shutdown, declares_remote_code
+from .checkpoints import checked_target
+from .engine_runs import engine_kwargs, shutdown
+from .evaluate import EvaluateError
 
 
 def regenerate_chats(target: str | os.PathLike[str], src: str | os.PathLike[str], dst: str | os.PathLike[str],
-                     max_tokens: int = 96, max_model_len: int = 2048, eager: bool = True, seed: int = 0) -> dict[str, int]:
+                     max_tokens: int = 96, max_model_len: int = 2048, eager: bool = True, seed: int = 0,
+                     trust_remote_code: bool = False) -> dict[str, int]:
     """Rewrite every assistant turn of a chat jsonl (``conversations`` or ``messages``) with the
     target's own greedy reply to the conversation so far (earlier turns already regenerated).
-    Writes ``dst`` (must not exist); returns counts."""
+    Writes ``dst`` (must not exist); returns counts.  ``trust_remote_code``: the target's own code
+    may run (the demo passes it for the fixture it wrote)."""
     import spec_compat  # noqa: F401
 
-    tdir = _check_model_dir(target, "target")
+    tdir, trust = checked_target(target, "target", trust_remote_code)
     src_p, dst_p = Path(src), Path(dst)
     if not src_p.is_file():
         raise EvaluateError(f"chat data {str(src_p)!r} not found")
@@ -32,12 +36,11 @@ def regenerate_chats(target: str | os.PathLike[str], src: str | os.PathLike[str]
             except ValueError as exc:
                 raise EvaluateError(f"{src_p}:{n}: not JSON: {exc}") from None
     key = lambda r: "conversations" if "conversations" in r else "messages"  # noqa: E731
-    trust = declares_remote_code(tdir)
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
 
     tok = AutoTokenizer.from_pretrained(str(tdir), trust_remote_code=trust)
-    llm = LLM(**dict(_engine_kwargs(tdir, trust, max_model_len, eager, seed), disable_log_stats=True))
+    llm = LLM(**dict(engine_kwargs(tdir, trust, max_model_len, eager, seed), disable_log_stats=True))
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     turns = replies = tokens = 0
     try:
@@ -55,7 +58,7 @@ def regenerate_chats(target: str | os.PathLike[str], src: str | os.PathLike[str]
             turns += 1
             replies += len(todo)
     finally:
-        _shutdown(llm)
+        shutdown(llm)
     dst_p.parent.mkdir(parents=True, exist_ok=True)
     dst_p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return {"conversations": len(rows), "replies": replies, "tokens": tokens, "turn_rounds": turns}

@@ -15,11 +15,14 @@ import argparse
 import logging
 import math
 import random
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from .checkpoints import TRUST_FLAG, TRUST_HELP
 
 log = logging.getLogger("spec_compat")
 
@@ -87,7 +90,10 @@ def compare(results: Sequence[dict], calls: Sequence[Sequence[int]], layer_ids: 
 
 
 def run_checks(model_dir: str, max_model_len: int = 2048, seed: int = 0,
-               only: Sequence[str] | None = None, tensor_parallel_size: int = 1) -> Iterator[Check]:
+               only: Sequence[str] | None = None, tensor_parallel_size: int = 1,
+               trust_remote_code: bool = False) -> Iterator[Check]:
+    """The checks on a checkpoint already checked by :func:`.checkpoints.checked_target` (whose
+    answer is ``trust_remote_code``)."""
     import os
 
     import spec_compat  # noqa: F401  (registry applied before speculators is imported)
@@ -99,21 +105,21 @@ def run_checks(model_dir: str, max_model_len: int = 2048, seed: int = 0,
     saved_nonfinite = os.environ.get(NONFINITE_VAR)
     os.environ.setdefault(NONFINITE_VAR, NONFINITE_WARN)
     try:
-        yield from _run_checks(model_dir, max_model_len, seed, only, tensor_parallel_size)
+        yield from _run_checks(model_dir, max_model_len, seed, only, tensor_parallel_size, trust_remote_code)
     finally:
         if saved_nonfinite is None:
             os.environ.pop(NONFINITE_VAR, None)
 
 
 def _run_checks(model_dir: str, max_model_len: int, seed: int, only: Sequence[str] | None,
-                tensor_parallel_size: int) -> Iterator[Check]:
+                tensor_parallel_size: int, trust_remote_code: bool) -> Iterator[Check]:
     from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
     from transformers import AutoConfig
 
     from ..verify.reference import load_reference_model, reference_states
     from ..verify.settings import pinned_dtype, prefer_non_mla
 
-    cfg = AutoConfig.from_pretrained(model_dir, trust_remote_code=True)
+    cfg = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     text_cfg = getattr(cfg, "text_config", cfg)
     prefer_non_mla(text_cfg)
     n_layers = text_cfg.num_hidden_layers
@@ -157,18 +163,27 @@ def _run_checks(model_dir: str, max_model_len: int, seed: int, only: Sequence[st
 
 
 def main(model: str | None, only: Sequence[str] | None = None, seed: int = 0,
-         tensor_parallel_size: int = 1) -> int:
+         tensor_parallel_size: int = 1, trust_remote_code: bool = False) -> int:
     import tempfile
 
     from ..fixtures import FIXTURES, build
+    from .checkpoints import CheckpointError, checked_target
 
     tmp = None
     if model is None or model in FIXTURES:
         tmp = tempfile.TemporaryDirectory(prefix="spec-compat-fixture-")
         model = str(build(model or "llama", tmp.name, seed=seed))
+        trust_remote_code = True  # written by this command: its code is spec-compat's own
+    else:
+        try:
+            trust_remote_code = checked_target(model, "model", trust_remote_code)[1]
+        except CheckpointError as exc:
+            print(f"spec-compat selftest: {exc}", file=sys.stderr)
+            return 2
     failed = 0
     try:
-        for check in run_checks(model, only=only, tensor_parallel_size=tensor_parallel_size):
+        for check in run_checks(model, only=only, tensor_parallel_size=tensor_parallel_size,
+                                trust_remote_code=trust_remote_code):
             print(check.line(), flush=True)
             failed += not check.ok
     except Exception as exc:
@@ -183,7 +198,9 @@ def main(model: str | None, only: Sequence[str] | None = None, seed: int = 0,
 
 def add_arguments(command: str, p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
-                   help="checkpoint directory, or a fixture name (default: build the llama fixture)")
+                   help="checkpoint directory, or a fixture name (default: build the llama fixture); a fixture "
+                        "built here (kimi-k25 ships remote code) is trusted: this command wrote it")
+    p.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     p.add_argument("--checks", default="", help="comma list of workloads to run (default: all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tensor-parallel-size", "--tp", type=int, default=1,
@@ -194,4 +211,5 @@ def add_arguments(command: str, p: argparse.ArgumentParser) -> None:
 
 def cmd_selftest(args: argparse.Namespace) -> int:
     only = [c for c in args.checks.split(",") if c] if args.checks else None
-    return main(args.model, only=only, seed=args.seed, tensor_parallel_size=args.tensor_parallel_size)
+    return main(args.model, only=only, seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
+                trust_remote_code=args.trust_remote_code)

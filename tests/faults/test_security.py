@@ -32,17 +32,18 @@ TRUST_SITES = {
     "patches/training/verifier.py:VerifierConfigTextModel.install.for_speculators":
         "verifier-config-text-model: speculators' training code (or a script built on speculators) loading a "
         "config.json that declares auto_map.AutoConfig - speculators' training code itself never trusts",
-    "cli/selftest.py:_run_checks":
-        "spec-compat selftest: the model dir that the stock generator loads with trust_remote_code=True "
-        "in the same command",
+    "cli/checkpoints.py:load_config": "the commands' config load: trust = consent(checkpoint, --trust-remote-code)",
+    "cli/engine_runs.py:engine_kwargs": "the commands' vLLM engine: trust = consent(checkpoint, --trust-remote-code)",
+    "cli/evaluate.py:evaluate": "spec-compat evaluate: trust = consent(target, --trust-remote-code)",
+    "cli/compare_drafts.py:evaluate_drafts": "spec-compat evaluate, several drafts: the same consent",
+    "cli/compare_drafts.py:cmd_evaluate": "spec-compat evaluate: the user's --trust-remote-code",
+    "cli/regenerate.py:regenerate_chats": "the demo's regeneration: trust = consent(target, the caller's word)",
+    "cli/selftest.py:_run_checks": "spec-compat selftest: trust = consent(--model, --trust-remote-code)",
+    "cli/selftest.py:main": "spec-compat selftest: the user's word, or True for the fixture this command wrote",
+    "cli/selftest.py:cmd_selftest": "spec-compat selftest: the user's --trust-remote-code",
+    "cli/demo.py:_steps": "spec-compat demo: the fixture the demo wrote (kimi-k25 ships its remote code in the package)",
     "cli/demo_steps.py:verifier_text_config":
         "spec-compat demo: spec-compat's own fixture (kimi-k25 ships its remote code in the package)",
-    "cli/evaluate.py:_text_config": "spec-compat evaluate: trust = declares_remote_code(target)",
-    "cli/evaluate.py:_engine_kwargs": "spec-compat evaluate: trust = declares_remote_code(target)",
-    "cli/evaluate.py:evaluate": "spec-compat evaluate: trust = declares_remote_code(target)",
-    "cli/regenerate.py:regenerate_chats": "spec-compat demo's regeneration: trust = declares_remote_code(target)",
-    "cli/compare_drafts.py:evaluate_drafts": "compare_drafts (evaluate for several drafts): trust = "
-        "declares_remote_code(target), evaluate's rule",
 }
 
 
@@ -309,19 +310,29 @@ def test_verifier_config_trusts_only_speculators_training_on_declared_remote_cod
     assert seen[0].get("trust_remote_code", False) is trusted, seen
 
 
-def test_evaluate_uses_the_same_rule(tmp_path):
-    from spec_compat.cli.evaluate import declares_remote_code
+def test_remote_code_is_named_from_the_checkpoints_own_files(tmp_path):
+    """What the commands refuse without --trust-remote-code: any auto_map a checkpoint's config or
+    tokenizer config names (transformers imports those modules), and nothing else."""
+    from spec_compat.cli.checkpoints import RemoteCodeRefused, consent, remote_code_modules
 
-    cases = {"auto-config": {"auto_map": {"AutoConfig": "c.C"}}, "tokenizer-only": {"auto_map": {"AutoTokenizer": "t"}},
-             "plain": {"model_type": "llama"}, "malformed": None}
-    got = {}
-    for name, cfg in cases.items():
+    cases = {"auto-config": ({"auto_map": {"AutoConfig": "c.C"}}, None, ["c"]),
+             "tokenizer-only": ({"model_type": "llama"}, {"auto_map": {"AutoTokenizer": ["t.T", None]}}, ["t"]),
+             "hub-ref": ({"auto_map": {"AutoConfig": "org/repo--conf.C"}}, None, ["conf"]),
+             "plain": ({"model_type": "llama"}, None, []), "malformed": (None, None, [])}
+    for name, (cfg, tok, want) in cases.items():
         d = tmp_path / name
         d.mkdir()
         (d / "config.json").write_text("{nope" if cfg is None else json.dumps(cfg))
-        got[name] = declares_remote_code(d)
-    got["missing"] = declares_remote_code(tmp_path / "missing")
-    assert got == {"auto-config": True, "tokenizer-only": False, "plain": False, "malformed": False, "missing": False}
+        if tok is not None:
+            (d / "tokenizer_config.json").write_text(json.dumps(tok))
+        assert remote_code_modules(d) == want, name
+        assert consent(d, "target", trust=True) is bool(want), name
+        if want:
+            with pytest.raises(RemoteCodeRefused, match=rf"target '.*{name}' ships its own code \(auto_map names "
+                                                        rf"{want[0]}\.py\): pass --trust-remote-code to run it"):
+                consent(d, "target", trust=False)
+        else:
+            assert consent(d, "target", trust=False) is False
 
 
 # -- a full non-engine run: site-packages untouched, no secrets in the report ---
@@ -412,3 +423,83 @@ def test_bait_works(tmp_path):
     marker = _bait(tmp_path)
     subprocess.run([sys.executable, "-c", "import wrapt"], env=child_env(), cwd=tmp_path, timeout=60)
     assert "wrapt" in marker.read_text().split()
+
+
+# -- consent: a checkpoint's own code runs only with --trust-remote-code ----------
+
+MARKER_CONFIG = '''
+import os
+from pathlib import Path
+from transformers import PretrainedConfig
+
+Path(os.environ["MARKER_FILE"]).write_text("imported")
+
+
+class XConfig(PretrainedConfig):
+    model_type = "marker-x"
+'''
+
+
+def _marker_checkpoint(root: Path) -> Path:
+    """A checkpoint whose configuration module writes ``$MARKER_FILE`` when imported."""
+    d = root / "marker-ckpt"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "marker-x",
+                                               "auto_map": {"AutoConfig": "configuration_x.XConfig"}}))
+    (d / "configuration_x.py").write_text(MARKER_CONFIG)
+    return d
+
+
+def _eagle3_draft(root: Path) -> Path:
+    d = root / "draft"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"]}))
+    return d
+
+
+#: command -> its arguments naming the checkpoint (``{ckpt}``, ``{draft}``)
+CONSENT_COMMANDS = {
+    "selftest": ["selftest", "--model", "{ckpt}"],
+    "evaluate": ["evaluate", "--target", "{ckpt}", "--draft", "{draft}"],
+    "evaluate-several": ["evaluate", "--target", "{ckpt}", "--draft", "{draft}", "--draft", "{draft}"],
+}
+
+
+def _spec_compat(args: list[str], tmp_path: Path, timeout: int = 300) -> tuple[subprocess.CompletedProcess, Path]:
+    ckpt = tmp_path / "marker-ckpt" if (tmp_path / "marker-ckpt").is_dir() else _marker_checkpoint(tmp_path)
+    draft = tmp_path / "draft" if (tmp_path / "draft").is_dir() else _eagle3_draft(tmp_path)
+    marker = tmp_path / "marker"
+    env = dict(child_env(), MARKER_FILE=str(marker))
+    argv = [a.format(ckpt=ckpt, draft=draft) for a in args]
+    proc = subprocess.run([sys.executable, "-m", "spec_compat", *argv], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=tmp_path)
+    return proc, marker
+
+
+@pytest.mark.parametrize("command", CONSENT_COMMANDS)
+def test_remote_code_is_refused_without_the_flag(command, tmp_path):
+    proc, marker = _spec_compat(CONSENT_COMMANDS[command], tmp_path)
+    assert not marker.exists(), "the checkpoint's configuration module was imported without --trust-remote-code"
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "marker-ckpt' ships its own code (auto_map names configuration_x.py): pass --trust-remote-code" \
+        in lines[0], lines
+
+
+@pytest.mark.parametrize("command", ["selftest", "evaluate"])
+def test_remote_code_runs_with_the_flag(command, tmp_path):
+    proc, marker = _spec_compat([*CONSENT_COMMANDS[command], "--trust-remote-code"], tmp_path)
+    assert marker.exists(), ("--trust-remote-code given, yet the checkpoint's configuration was not loaded: "
+                             + proc.stdout[-2000:] + proc.stderr[-3000:])
+
+
+def test_an_unknown_configuration_is_one_line(tmp_path):
+    d = tmp_path / "unknown-type"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "nonesuch-lm"}))
+    proc, _ = _spec_compat(["selftest", "--model", str(d)], tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "unknown-type': model_type 'nonesuch-lm' is not a configuration transformers" \
+        in lines[0], proc.stderr

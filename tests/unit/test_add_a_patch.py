@@ -26,8 +26,8 @@ PATCH_MODULE = '''\
 
 from __future__ import annotations
 
-from ..core.proof import Proof
-from ..core.registry import Patch, TargetChanged, register
+from ...core.proof import Proof
+from ...core.registry import Patch, TargetChanged, register
 
 
 @register
@@ -101,7 +101,7 @@ def test_walkthrough(tmp_path):
     root = _copy(tmp_path)
     start = _snapshot(root)
     # step 1, by hand: the unit (declaration and behaviour, found by discovery), its proof test, a CHANGELOG line
-    (root / "spec_compat" / "patches" / "walkthrough.py").write_text(PATCH_MODULE)
+    (root / "spec_compat" / "patches" / "serving" / "walkthrough_greeting.py").write_text(PATCH_MODULE)  # named after its id
     (root / "tests" / "unit" / "test_add_a_patch.py").write_text(PROOF_TEST)
     changelog = root / "CHANGELOG.md"
     changelog.write_text(changelog.read_text().replace("\n\n", "\n\n- `walkthrough-greeting`: greet() says "

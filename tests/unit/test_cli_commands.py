@@ -73,3 +73,12 @@ def test_fixture_refuses_options_that_do_not_apply(tmp_path, capsys, argv, messa
     assert main(["fixture", argv[0], str(tmp_path / "out"), *argv[1:]]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_help_names_every_switch():
+    from spec_compat.cli import parser
+    from spec_compat.core.switches import SWITCHES
+
+    epilog = parser(only="").epilog or ""
+    missing = [var for var in SWITCHES if var not in epilog]
+    assert not missing, f"spec-compat --help does not name {missing}"

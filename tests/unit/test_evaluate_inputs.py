@@ -40,7 +40,8 @@ def test_directory_without_config_is_refused(tmp_path, capsys):
 
 
 def test_a_target_passed_as_draft_is_refused(tmp_path, capsys):
-    for name, cfg in (("t", {"architectures": ["LlamaForCausalLM"]}), ("d", {"architectures": ["LlamaForCausalLM"]})):
+    for name, cfg in (("t", {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}),
+                      ("d", {"model_type": "llama", "architectures": ["LlamaForCausalLM"]})):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps(cfg))
     rc = main(["evaluate", "--target", str(tmp_path / "t"), "--draft", str(tmp_path / "d")])

@@ -189,9 +189,9 @@ def child(variant: str, model: str, ids_file: str, repeats: int, max_model_len: 
     else:
         import spec_compat  # noqa: F401  (before speculators)
         if variant == "capture-exact-check":
-            from spec_compat.shims import inputs
+            from spec_compat.patches.extraction import generator_input_checks
 
-            inputs._sum_is_finite = lambda torch, h: False  # every layer through isfinite(h).all()
+            generator_input_checks._sum_is_finite = lambda torch, h: False  # every layer through isfinite(h).all()
         if variant == "capture-copied":
             import functools
 

@@ -38,7 +38,7 @@ def register() -> None:
 def cpu_platform() -> str | None:
     _vllm_alias()
     try:
-        from .patches.extraction.cpu_platform import VllmCpuPlatformDetection, detection_fails
+        from .patches.extraction.vllm_cpu_platform_detection import VllmCpuPlatformDetection, detection_fails
 
         # switched on and in range: the registry's decision (Patch.wanted_early), not this module's
         if not VllmCpuPlatformDetection.wanted_early() or not detection_fails():

@@ -30,7 +30,7 @@ print("SPEC_COMPAT_RESULT " + json.dumps([list(o.outputs[0].token_ids) for o in 
 
 
 def _amx_cpu() -> bool:
-    from spec_compat.patches.extraction.cpu_platform import amx_tiles
+    from spec_compat.patches.extraction.cpu_attention_isa_probe import amx_tiles
 
     return bool(amx_tiles())
 
@@ -57,7 +57,7 @@ def test_amx_cpu_decodes_with_the_probe_and_dies_without(llama_dir, prove, pid):
         pytest.skip(f"{pid} is not needed with this vLLM")
     if not _amx_cpu():
         pytest.skip("this CPU has no AMX tiles: vLLM never picks the 'amx' kernels")
-    from spec_compat.patches.extraction.cpu_platform import amx_attention_works
+    from spec_compat.patches.extraction.cpu_attention_isa_probe import amx_attention_works
 
     assert not amx_attention_works(64)  # the Llama fixture's head size: the installed _C lacks it
     patched_run = _decode(llama_dir, "default", proof.baseline or None)

@@ -192,7 +192,7 @@ def bad_batches(draw):
 @_settings(40)
 @given(case=bad_batches())
 def test_bad_inputs_are_refused_before_the_engine(engine, case):
-    from spec_compat.shims.inputs import GeneratorInputError
+    from spec_compat.patches.extraction.generator_input_checks import GeneratorInputError
 
     gen, _ = engine
     batch, where = case

@@ -128,7 +128,7 @@ def test_kimi_loading_patch_passes_quantized_experts_through(int4):
     import torch
 
     from spec_compat.core.registry import Changes
-    from spec_compat.patches.extraction.kimi_k25 import KimiK25LoadUnfusedQkvA
+    from spec_compat.patches.extraction.kimi_k25_load_unfused_qkv_a import KimiK25LoadUnfusedQkvA
 
     _, q, _ = int4
     loaded: dict[str, torch.Size] = {}

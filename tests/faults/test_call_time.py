@@ -370,7 +370,7 @@ def test_binding_adapters_note_the_patches_an_upstream_failure_went_through():
 
 
 def test_offsets_mismatch_names_the_patch():
-    from spec_compat.shims.offsets import OffsetsTokenizer
+    from spec_compat.patches.extraction.slow_tokenizer_offsets import OffsetsTokenizer
 
     class Slow:
         is_fast = False

@@ -154,7 +154,7 @@ def test_check_names_a_hand_edited_catalog(tmp_path):
     root = _copy(tmp_path)
     catalog = root / "docs" / "failures.md"
     text = catalog.read_text()
-    for old, new in (("- **Patches:** `rows-by-request-id`, `capture-per-request`", "- **Patches:** `rows-by-request-id`"),
+    for old, new in (("- **Patches:** `capture-per-request`, `rows-by-request-id`", "- **Patches:** `rows-by-request-id`"),
                      ("| `cpu-rejection-sampler` | Serving on CPU", "| `cpu-rejection-sampler` | On CPU")):
         assert old in text, old
         catalog.write_text(text.replace(old, new))

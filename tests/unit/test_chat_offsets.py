@@ -22,7 +22,7 @@ import pytest
 from chat_rows import DEMO_CHATS, assert_rows_follow_the_template  # tests/support (on sys.path: tests/conftest.py)
 from proof_runs import proof_cases
 from spec_compat.core.versions import in_range, installed_version
-from spec_compat.patches.extraction.preprocessing import SPEC_WITH_OFFSETS
+from spec_compat.patches.extraction.slow_tokenizer_offsets import SPEC_WITH_OFFSETS
 
 #: the release's load_and_preprocess_dataset, called as its prepare script calls it
 _PREPARE = r"""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from spec_compat.patches.extraction import cpu_platform as platform
+from spec_compat.patches.extraction import cpu_attention_isa_probe as platform
 from spec_compat.core.registry import Registry, Status
 
 torch = pytest.importorskip("torch")

@@ -9,10 +9,10 @@ import threading
 
 import pytest
 
-from spec_compat.patches.extraction.generator_checks_threads import DriverTorchThreads
+from spec_compat.patches.extraction.driver_torch_threads import DriverTorchThreads
 from spec_compat.core.registry import Registry, Status
 from spec_compat.core.switches import DRIVER_THREADS_VAR, parse_driver_threads
-from spec_compat.shims.threads import torch_threads
+from spec_compat.patches.extraction.driver_torch_threads import torch_threads
 from spec_compat.core.switches import SwitchError
 
 torch = pytest.importorskip("torch")

@@ -181,7 +181,7 @@ def test_checks_fail_on_a_broken_doc(doc):
         "BRIEF §9 (x.py) not described in the 'brief' section", "F99 (x.py:1)"]
     assert unresolved_tokens(doc, {"x.py": "noqa: F401, Kimi-K2.5, Kimi-K2/K2.5"}) == []
 
-    dropped = doc.replace("- **Patches:** `rows-by-request-id`, `capture-per-request`",
+    dropped = doc.replace("- **Patches:** `capture-per-request`, `rows-by-request-id`",
                           "- **Patches:** `rows-by-request-id`")
     assert dropped != doc
     assert any(p.startswith("F10: lists") for p in patch_list_problems(dropped, reg))

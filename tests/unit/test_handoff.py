@@ -372,13 +372,13 @@ def test_cuda_same_process():
 def test_worker_keeps_the_pickled_reply_when_dev_shm_is_small(monkeypatch, caplog):
     """capture-handoff-shm checks free /dev/shm before each capture (a container's default is
     64 MB): below MIN_FREE_SHM the worker keeps the pickled reply and says so."""
-    from spec_compat.shims import worker_capture
+    from spec_compat.patches.extraction import capture_handoff_shm
 
-    monkeypatch.setattr(worker_capture, "MIN_FREE_SHM", 1 << 62)
-    assert worker_capture.shm_usable() is False
+    monkeypatch.setattr(capture_handoff_shm, "MIN_FREE_SHM", 1 << 62)
+    assert capture_handoff_shm.shm_usable() is False
     assert "captured rows go back pickled" in caplog.text
-    monkeypatch.setattr(worker_capture, "MIN_FREE_SHM", 0)
-    assert worker_capture.shm_usable() is True
+    monkeypatch.setattr(capture_handoff_shm, "MIN_FREE_SHM", 0)
+    assert capture_handoff_shm.shm_usable() is True
 
 
 # -- recycling: segments the driver has read go back to the worker ------------------------

@@ -1,4 +1,4 @@
-"""shims.inputs alone: what generate() refuses before the engine, what truncation logs,
+"""generator-input-checks' helpers alone: what generate() refuses before the engine, what truncation logs,
 and the row-count guard on results (no engine; the engine property test is
 tests/engine/test_generator_inputs.py)."""
 
@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from spec_compat.shims.capture import RowCountError
-from spec_compat.shims.inputs import GeneratorInputError, check_inputs, check_results
+from spec_compat.patches.extraction.generator_input_checks import GeneratorInputError, check_inputs, check_results
 
 PID = "generator-input-checks"
 

@@ -11,10 +11,10 @@ import math
 
 import pytest
 
-from spec_compat.patches.extraction.generator_checks_threads import GeneratorInputChecks
+from spec_compat.patches.extraction.generator_input_checks import GeneratorInputChecks
 from spec_compat.core.registry import Registry, Status
 from spec_compat.core.switches import NONFINITE_VAR, parse_nonfinite
-from spec_compat.shims.inputs import NonFiniteStatesError, check_finite
+from spec_compat.patches.extraction.generator_input_checks import NonFiniteStatesError, check_finite
 from spec_compat.core.switches import SwitchError
 
 torch = pytest.importorskip("torch")

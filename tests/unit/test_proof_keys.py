@@ -70,11 +70,11 @@ def test_traced_inputs_keep_the_proven_patch_and_drop_other_patch_modules_and_th
     trace = tmp_path / "trace"
     trace.mkdir()
     (trace / "1.trace").write_text(json.dumps({"prefix": "/env/a", "versions": {"torch": "2.10.0"}}) + "\n" + "\n".join([
-        "spec_compat/core/registry.py", "spec_compat/patches/extraction/worker.py",
+        "spec_compat/core/registry.py", "spec_compat/patches/extraction/capture_per_request.py",
         "spec_compat/patches/serving/cpu_spec_decode.py", "spec_compat/patches/extraction/__init__.py",
         "spec_compat/core/manifest.py", "tests/support/ehs_engine.py", "no/such/file.py"]) + "\n")
-    files, envs = traced_inputs(trace, {"spec_compat/patches/extraction/worker.py"})
-    assert files == {"spec_compat/patches/extraction/worker.py", "spec_compat/patches/extraction/__init__.py",
+    files, envs = traced_inputs(trace, {"spec_compat/patches/extraction/capture_per_request.py"})
+    assert files == {"spec_compat/patches/extraction/capture_per_request.py", "spec_compat/patches/extraction/__init__.py",
                      "tests/support/ehs_engine.py"}
     assert envs == {"/env/a": {"torch": "2.10.0"}}
 

@@ -1,22 +1,30 @@
-"""Data-preparation patches: speculators' chat preprocessing
-(``speculators.data_generation.preprocessing``) with tokenizers it does not expect."""
+"""slow-tokenizer-offsets (K6): character offsets for tokenizers that cannot return them (Python /
+tiktoken ones), in speculators' chat preprocessing (``speculators.data_generation.preprocessing``).
+
+speculators builds its loss mask from ``tokenizer(text, return_offsets_mapping=True)``;
+only "fast" (Rust) tokenizers implement that.  Kimi-K2.5's tokenizer is remote-code
+tiktoken (a Python ``PreTrainedTokenizer``), which raises NotImplementedError - and
+speculators' preprocessing catches it per conversation, so every conversation is
+dropped with a log line and the dataset comes out empty.
+
+:func:`offsets_by_decoding` recovers the offsets from the token ids by decoding:
+each token's text is appended in turn and must reproduce the input text; where a
+token does not decode to whole characters (a multi-byte character split across
+tokens) the prefix decode is used instead.  A mismatch is an error, never a guess.
+"""
 
 from __future__ import annotations
 
 import functools
 import inspect
-import logging
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
 from ...core.naming import through
 from ...core.proof import Proof
 from ...core.registry import Changes, Patch, TargetChanged, register
-from ...shims.device import accelerator_available
 from .. import _guards as guard
-from ..ranges import SPEC_04
-
-log = logging.getLogger("spec_compat")
 
 #: speculators' chat preprocessing module
 PREPROCESSING = "speculators.data_generation.preprocessing"
@@ -62,8 +70,6 @@ class SlowTokenizerOffsets(Patch):
             raise TargetChanged(f"{PREPROCESSING} no longer asks for offsets")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
-        from ...shims.offsets import OffsetsTokenizer
-
         inner = module._preprocess_batch
         names = list(inspect.signature(inner).parameters)
         param = tokenizer_param(inner, "_preprocess_batch")
@@ -87,33 +93,50 @@ class SlowTokenizerOffsets(Patch):
         changes.setattr(module, "_preprocess_batch", _preprocess_batch)
 
 
-CONFIG_GEN = "speculators.data_generation.config_generator"
+class OffsetsMismatch(ValueError):
+    pass
 
 
-@register
-class DeviceNameWithoutAccelerator(Patch):
-    """speculators 0.4.x writes its data_config.json metadata with ``get_device_name(0)``
-    (config_generator.py ``_get_gpu_info`` -> utils/util.py), which trusts
-    ``torch.accelerator.current_accelerator()``: a CUDA build of torch names 'cuda' even with
-    no GPU, and ``torch.cuda.get_device_name`` raises 'no NVIDIA driver' after extraction."""
+def offsets_by_decoding(text: str, ids: Sequence[int], decode: Callable[[list[int]], str],
+                        patch_id: str) -> list[tuple[int, int]]:
+    """(start, end) character span of each token of ``ids`` in ``text`` (ids tokenize a prefix of text);
+    a mismatch raises :class:`OffsetsMismatch` naming ``patch_id``."""
+    offsets: list[tuple[int, int]] = []
+    pos = 0
+    for i, tok in enumerate(ids):
+        piece = decode([int(tok)])
+        if "\ufffd" not in piece and text.startswith(piece, pos):
+            offsets.append((pos, pos + len(piece)))
+            pos += len(piece)
+            continue
+        # a partial character: the prefix decode says where this token ends
+        prefix = decode([int(t) for t in ids[: i + 1]])
+        end = len(prefix.rstrip("\ufffd"))
+        if not text.startswith(prefix.rstrip("\ufffd"), 0):
+            raise OffsetsMismatch(f"spec_compat[{patch_id}]: token {i} (id {tok}) does not decode to the text "
+                                  f"at character {pos}")
+        offsets.append((pos, max(pos, end)))
+        pos = max(pos, end)
+    return offsets
 
-    id = "device-name-without-accelerator"
-    proof = Proof("fails", "tests/engine/test_training.py::test_data_config_metadata_without_accelerator_needs_shim", r"in _get_gpu_info\n(?:  .*\n)*RuntimeError: Found no NVIDIA driver on your system")
-    fixes = ("F2",)
-    summary = ("the data-generation metadata names the device 'NO ACCELERATOR' (speculators' own value, "
-               "recorded as 'CPU ONLY') when torch has no usable accelerator; with one unchanged")
-    upstream = ("speculators 0.4.x data_generation/config_generator.py _get_gpu_info -> utils/util.py "
-                "get_device_name(0) -> torch.cuda init error on a CUDA build without GPU")
-    target = f"{CONFIG_GEN}:get_device_name"
-    requires = {"speculators": SPEC_04}
 
-    def check(self, module: ModuleType) -> None:
-        guard.has_params(guard.attr(module, "get_device_name"), f"{CONFIG_GEN}.get_device_name", "idx")
+class OffsetsTokenizer:
+    """A tokenizer that answers ``return_offsets_mapping=True`` by decoding; everything else
+    goes to the wrapped tokenizer unchanged."""
 
-    def install(self, module: ModuleType, changes: Changes) -> None:
-        def get_device_name(wrapped: Any, _instance: Any, args: tuple, kwargs: dict) -> str:
-            if not accelerator_available():
-                return "NO ACCELERATOR"
-            return wrapped(*args, **kwargs)
+    def __init__(self, tokenizer: Any, patch_id: str) -> None:
+        self._tokenizer = tokenizer
+        self._patch_id = patch_id
 
-        changes.wrap(module, "get_device_name", get_device_name)
+    def __call__(self, text: Any, *args: Any, return_offsets_mapping: bool = False, **kwargs: Any) -> Any:
+        if not return_offsets_mapping or not isinstance(text, str):
+            if return_offsets_mapping:
+                kwargs["return_offsets_mapping"] = True
+            return self._tokenizer(text, *args, **kwargs)
+        enc = self._tokenizer(text, *args, **kwargs)
+        ids = enc["input_ids"]
+        enc["offset_mapping"] = offsets_by_decoding(text, ids, self._tokenizer.decode, self._patch_id)
+        return enc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tokenizer, name)

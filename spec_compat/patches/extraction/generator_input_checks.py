@@ -1,9 +1,10 @@
-"""Input checks and the row-count guard around speculators' ``generate``.
+"""generator-input-checks: input checks and the row-count guard around speculators' ``generate``
+(0.3-0.4, driver side).
 
 speculators hands token ids to the engine as given: a float or negative id, an id
 outside the vocabulary or an empty sequence fails deep inside vLLM (or not at all),
-and a sequence longer than ``max_model_len - 1`` is cut without a word.  These
-helpers check a batch before any request exists, say what truncation dropped, and
+and a sequence longer than ``max_model_len - 1`` is cut without a word.  The helpers
+below check a batch before any request exists, say what truncation dropped, and
 check every result's rows afterwards and count the non-finite values in every captured layer
 (speculators 0.3/0.4 write NaN/inf states to disk without a word; upstream added that check later,
 #615).  Pure Python apart from :func:`check_finite`, which imports torch when it runs.
@@ -18,11 +19,65 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
-from .capture import RowCountError
+from ...core import switches
+from ...core.proof import Proof
+from ...core.registry import Changes, Patch, TargetChanged, register
+from ...shims.capture import RowCountError
+from .generator_target import GENERATOR, check_generate_params, generator_source
 
 log = logging.getLogger("spec_compat")
+
+
+@register
+class GeneratorInputChecks(Patch):
+    """speculators 0.3-0.4 (generator:228/251) passes token ids to the engine unchecked and cuts
+    sequences over ``max_model_len - 1`` silently; rows lost on the way (upstream #279) go
+    unnoticed, and NaN/inf states are returned (and saved) as they are (upstream checks them since
+    #615).  Bad ids now raise before the engine, truncation is logged, rows are counted, non-finite
+    values are counted per result and layer (``SPEC_COMPAT_NONFINITE``: raise, or warn)."""
+
+    id = "generator-input-checks"
+    after = ("generate-in-fitting-batches",)
+    reads = (switches.NONFINITE_VAR,)
+    proof = Proof("guard", "tests/engine/test_generator_inputs.py::test_lost_rows_raise_instead_of_passing_silently", r"FAIL chunked-8x2000: sequence \d+ layer \d+: (?:shape engine \[\d+, \d+\] != reference \[\d+, \d+\]|max\|diff\|=\S+ > tolerance)", also_off=("keep-unfinished-prefill", "capture-per-request", "rows-by-request-id"))
+    summary = ("generate() inputs checked before the engine (empty, non-int, out-of-vocabulary ids), "
+               "truncation logged with counts, every result's rows counted, NaN/inf captured values "
+               "counted per result and layer: an error (SPEC_COMPAT_NONFINITE=warn: a warning with the counts)")
+    upstream = ("speculators 0.3.0-0.4.x generator: ids[:max_len] truncates silently, bad ids reach vLLM; "
+                "issue #279: lost rows go unnoticed; NaN/inf states saved silently (checked upstream since #615)")
+    fixes = ("#279",)
+    target = f"{GENERATOR}:VllmHiddenStatesGenerator"
+    requires = {"speculators": ">=0.3,<0.5"}
+
+    def check(self, module: ModuleType) -> None:
+        check_generate_params(module)
+        if "ids[:max_len]" not in generator_source(module):
+            raise TargetChanged("generate() no longer truncates with ids[:max_len]")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        cls = module.VllmHiddenStatesGenerator
+        inner = cls.generate
+        pid = self.id
+
+        def generate(self: Any, token_ids: Any) -> list[dict]:
+            model_config = self.vllm_config.model_config
+            try:
+                vocab = int(model_config.get_vocab_size())
+            except Exception:  # noqa: BLE001 - an unreadable vocabulary size only skips the range check
+                vocab = None
+            max_len = model_config.max_model_len - 1
+            nonfinite = switches.value(switches.NONFINITE_VAR)  # a bad switch fails before the engine
+            seqs, _ = check_inputs(token_ids, vocab, max_len, pid)
+            results = inner(self, seqs)
+            check_results(results, seqs, max_len, pid)
+            check_finite(results, pid, nonfinite, getattr(self, "layer_ids", None))
+            return results
+
+        changes.setattr(cls, "generate", generate)
+
 
 #: the ``mode`` of :func:`check_finite` (``SPEC_COMPAT_NONFINITE``, parsed in ``core.switches``)
 NONFINITE_VAR = "SPEC_COMPAT_NONFINITE"

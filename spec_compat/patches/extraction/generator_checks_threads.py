@@ -9,7 +9,7 @@ from typing import Any
 from ...core import switches
 from ...core.proof import Claim, Proof
 from ...core.registry import Changes, NotNeeded, Patch, TargetChanged, register
-from .generator_target import GENERATOR, check_generate_params, generator_source
+from ._generator_target import GENERATOR, check_generate_params, generator_source
 from ..ranges import SPEC_03
 
 

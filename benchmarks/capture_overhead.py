@@ -118,7 +118,7 @@ def predict_wait(executor) -> None:
     """Experiment (variant ``capture-predict``): while the driver waits for ``execute_model``,
     sleep once for 80 % of the previous steps' duration (moving average), then poll as vLLM does,
     so the driver leaves the worker's cores alone for most of a step with a single wake-up."""
-    from spec_compat.patches.extraction.generator_driver_wait import reply_queues
+    from spec_compat.patches.extraction.driver_wait_yields_cpu import reply_queues
 
     state = {"expect": 0.0, "avg": 0.0}
 

@@ -176,7 +176,7 @@ def test_driver_reply_queues_do_not_spin(llama_dir, prove, pid):
         "if __name__ == '__main__':\n"
         "    with pinned_dtype('float32'):\n"
         f"        gen = VllmHiddenStatesGenerator({str(llama_dir)!r}, layer_ids=[1, 2, 3], max_model_len=1024)\n"
-        "    from spec_compat.patches.extraction.generator_driver_wait import reply_queues\n"
+        "    from spec_compat.patches.extraction.driver_wait_yields_cpu import reply_queues\n"
         "    timers = [type(mq._read_spin_timer).__name__ for mq in reply_queues(gen.executor)]\n"
         "    res = gen.generate([[5] * 700, [7] * 300])\n"
         "    h = hashlib.sha256()\n"

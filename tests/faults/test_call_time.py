@@ -156,7 +156,7 @@ def test_rows_by_request_id_mismatch(by_request, order):
 
 
 def test_results_in_input_order_mismatch():
-    from spec_compat.shims.batching import restore_input_order
+    from spec_compat.patches.extraction.results_in_input_order import restore_input_order
 
     with pytest.raises(RuntimeError) as exc:
         restore_input_order([{"input_ids": torch.tensor([1])}], [[1], [2]], 10)
@@ -167,7 +167,7 @@ def test_results_in_input_order_mismatch():
 
 
 def test_generate_in_fitting_batches_over_budget():
-    from spec_compat.shims.batching import split_to_fit
+    from spec_compat.patches.extraction.generate_in_fitting_batches import split_to_fit
 
     with pytest.raises(ValueError) as exc:
         split_to_fit([[1] * 100], max_seqs=4, num_blocks=2, block_size=16, max_len=1000)
@@ -231,7 +231,8 @@ def test_aux_layer_ids_for_a_single_captured_layer_name_the_patch():
 def test_kv_budget_on_a_platform_without_mem_get_info_names_the_patch(pid, monkeypatch):
     """No CUDA, a platform that is not the CPU one and whose torch device module has no
     mem_get_info: the KV cache cannot be sized; the error names the patch that asked."""
-    from spec_compat.shims.memory import TorchView, platform_mem_get_info
+    from spec_compat.patches.extraction._platform_memory import platform_mem_get_info
+    from spec_compat.patches.extraction.kv_cache_memory_from_platform import TorchView
 
     platform = types.SimpleNamespace(is_cpu=lambda: False, device_type="sc_no_such_device")
     monkeypatch.setitem(sys.modules, "vllm.platforms", types.SimpleNamespace(current_platform=platform))

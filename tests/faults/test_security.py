@@ -26,7 +26,7 @@ PKG = Path(spec_compat.__file__).resolve().parent
 
 #: every place spec_compat turns trust_remote_code on (file:function -> why it may)
 TRUST_SITES = {
-    "patches/extraction/generator_tokenizer.py:TokenizerTrustRemoteCode.install.AutoTokenizer.from_pretrained":
+    "patches/extraction/tokenizer_trust_remote_code.py:TokenizerTrustRemoteCode.install.AutoTokenizer.from_pretrained":
         "tokenizer-trust-remote-code: the generator's AutoTokenizer, only where its guard found speculators "
         "trusting the same model_path for AutoConfig and vLLM's ModelConfig (which also loads the tokenizer)",
     "patches/training/verifier.py:VerifierConfigTextModel.install.for_speculators":

@@ -20,7 +20,7 @@ from ...core import switches
 from ...core.proof import Claim, Proof
 from ...core.registry import Changes, NotNeeded, Patch, register
 from ..ranges import SPEC_03
-from .generator_target import GENERATOR, check_generate_params
+from ._generator_target import GENERATOR, check_generate_params
 
 _lock = threading.Lock()
 _depth = 0

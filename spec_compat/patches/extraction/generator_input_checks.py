@@ -26,7 +26,7 @@ from ...core import switches
 from ...core.proof import Proof
 from ...core.registry import Changes, Patch, TargetChanged, register
 from ...shims.capture import RowCountError
-from .generator_target import GENERATOR, check_generate_params, generator_source
+from ._generator_target import GENERATOR, check_generate_params, generator_source
 
 log = logging.getLogger("spec_compat")
 

@@ -1,4 +1,5 @@
-"""F2: a memory budget for the KV cache that does not assume CUDA.
+"""F2: a memory budget for the KV cache that does not assume CUDA (kv-cache-memory-from-platform on
+speculators 0.3.x, mem-get-info-from-platform on 0.4.x).
 
 speculators 0.3.0 sizes its KV cache from ``torch.cuda.mem_get_info()``.  On a
 CUDA device that stays exactly as it was.  Without CUDA the platform's own KV
@@ -10,8 +11,6 @@ budget is used: on vLLM's CPU platform that is ``VLLM_CPU_KVCACHE_SPACE``
 from __future__ import annotations
 
 import logging
-from types import ModuleType
-from typing import Any
 
 log = logging.getLogger("spec_compat")
 
@@ -38,37 +37,3 @@ def platform_mem_get_info(patch_id: str) -> tuple[int, int]:
             "CUDA is not available and the platform exposes no mem_get_info"
         )
     return info()
-
-
-class _CudaView:
-    """``torch.cuda`` with ``mem_get_info`` answered by :func:`platform_mem_get_info`."""
-
-    def __init__(self, cuda: ModuleType, patch_id: str) -> None:
-        self._cuda = cuda
-        self._patch_id = patch_id
-
-    def mem_get_info(self, *args: Any) -> tuple[int, int]:
-        if args or self._cuda.is_available():
-            return self._cuda.mem_get_info(*args)
-        return platform_mem_get_info(self._patch_id)
-
-    def empty_cache(self) -> None:
-        if self._cuda.is_available():
-            self._cuda.empty_cache()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._cuda, name)
-
-
-class TorchView:
-    """Stands in for the ``torch`` module inside one consumer module."""
-
-    def __init__(self, torch: ModuleType, patch_id: str) -> None:
-        self._torch = torch
-        self.cuda = _CudaView(torch.cuda, patch_id)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._torch, name)
-
-    def __repr__(self) -> str:
-        return f"<spec_compat view of {self._torch!r}>"

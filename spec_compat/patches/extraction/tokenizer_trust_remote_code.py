@@ -9,7 +9,7 @@ from typing import Any
 from ...core.proof import Proof, SELFTEST
 from ...core.registry import Changes, Patch, TargetChanged, register
 from .. import _guards as guard
-from .generator_target import GENERATOR, generator_source
+from ._generator_target import GENERATOR, generator_source
 
 
 def _tokenizer_path_is_trusted(class_source: str) -> str:

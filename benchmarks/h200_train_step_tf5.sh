@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Device-machine driver for benchmarks/train_step.py with the IMAGE's own transformers (5.x),
-# i.e. under spec-compat's T1 patches (spec_compat/patches/training/transformers5.py).
+# i.e. under spec-compat's T1 patches (spec_compat/patches/training/: pretrained_config_annotations.py,
+# speculator_config_own_init.py, speculator_config_validate.py, attn_mask_utils_module.py).
 # Expects carried wheels for what the image lacks (speculators 0.3.0, loguru, pydantic,
 # pydantic_core, annotated_types, typing_inspection) in .whl/ -- but NOT transformers,
 # huggingface_hub or tokenizers: the image's are used. Writes under $OUT.

@@ -15,7 +15,8 @@ config.  Three things of the dataclass ``PreTrainedConfig`` meet pydantic there:
   deprecated ``BaseModel.validate(value)`` classmethod, which comes first in the MRO.
 
 The helpers here are pure Python (no torch / transformers / pydantic import);
-the patches in :mod:`spec_compat.patches.training.transformers5` apply them.
+the T1 units of :mod:`spec_compat.patches.training` (``pretrained_config_annotations``,
+``speculator_config_own_init``, ``speculator_config_validate``) apply them.
 """
 
 from __future__ import annotations

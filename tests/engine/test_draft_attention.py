@@ -20,7 +20,7 @@ from torch.nn.attention.flex_attention import create_block_mask, create_mask, fl
 
 import spec_compat  # noqa: E402,F401
 from spec_compat.verify.compare import compare_identical, compare_states  # noqa: E402
-from spec_compat.shims.attention import dense_mask, sdpa_with_block_mask  # noqa: E402
+from spec_compat.patches.training.draft_attention_without_flex_backward import dense_mask, sdpa_with_block_mask  # noqa: E402
 
 T = 256  # two 128-token blocks
 LENGTHS = [60, 100, 50]  # 210 tokens + 46 padding

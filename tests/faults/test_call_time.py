@@ -34,11 +34,11 @@ GUARD_OUTCOMES = {"TargetChanged", "NotNeeded"}
 
 #: raise sites whose message names no patch id (file: function) - each with why that is right
 UNNAMED = {
-    "shims/attn_mask.py:prepare_4d_causal_attention_mask":
+    "patches/training/attn_mask_utils_module.py:prepare_4d_causal_attention_mask":
         "stand-in for transformers' removed _prepare_4d_causal_attention_mask (patch attn-mask-utils-module): "
         "transformers' signature, so no patch id can be passed in, and ValueErrors worded as transformers' own "
         "for callers written against that function",
-    "shims/batches.py:DevicePrefetch.__getattr__":
+    "patches/training/single_device_bf16.py:DevicePrefetch.__getattr__":
         "attribute protocol, not an error report: AttributeError(name) while unpickling (loader/device not set yet) "
         "is what getattr/hasattr/pickle expect from __getattr__; nothing failed",
 }

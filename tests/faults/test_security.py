@@ -29,7 +29,7 @@ TRUST_SITES = {
     "patches/extraction/tokenizer_trust_remote_code.py:TokenizerTrustRemoteCode.install.AutoTokenizer.from_pretrained":
         "tokenizer-trust-remote-code: the generator's AutoTokenizer, only where its guard found speculators "
         "trusting the same model_path for AutoConfig and vLLM's ModelConfig (which also loads the tokenizer)",
-    "patches/training/verifier.py:VerifierConfigTextModel.install.for_speculators":
+    "patches/training/verifier_config_text_model.py:VerifierConfigTextModel.install.for_speculators":
         "verifier-config-text-model: speculators' training code (or a script built on speculators) loading a "
         "config.json that declares auto_map.AutoConfig - speculators' training code itself never trusts",
     "cli/checkpoints.py:load_config": "the commands' config load: trust = consent(checkpoint, --trust-remote-code)",

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
-from spec_compat.shims.batches import Bf16Features, DevicePrefetch  # noqa: E402
+from spec_compat.patches.training.single_device_bf16 import Bf16Features, DevicePrefetch  # noqa: E402
 
 N = 12
 

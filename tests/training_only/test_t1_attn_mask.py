@@ -9,7 +9,7 @@ import importlib.util
 import pytest
 
 from spec_compat.verify.compare import compare_identical
-from spec_compat.shims.attn_mask import prepare_4d_causal_attention_mask
+from spec_compat.patches.training.attn_mask_utils_module import prepare_4d_causal_attention_mask
 
 CASES = [
     # batch, query_len, past, sliding_window, padded (left-padding count per row)

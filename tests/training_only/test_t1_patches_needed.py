@@ -20,7 +20,7 @@ STEPS = Path(__file__).resolve().parent / "t1_steps.py"
 TF_524 = in_range(installed_version("transformers"), ">=5.24")
 
 #: the T1 patches: each one's step (``Proof.using``) and error (``Proof.symptom``) are declared
-#: with the patch (spec_compat/patches/training/transformers5.py)
+#: with the patch (its unit in spec_compat/patches/training/)
 T1 = proof_cases("test_step_fails_without_the_patch")
 
 

@@ -40,7 +40,7 @@ def test_import_speculators_applies_the_t1_patches():
 def test_removed_attn_mask_module_is_served_only_when_missing():
     import transformers.modeling_attn_mask_utils as m
 
-    from spec_compat.shims.attn_mask import prepare_4d_causal_attention_mask
+    from spec_compat.patches.training.attn_mask_utils_module import prepare_4d_causal_attention_mask
 
     if TF_524:
         assert m.__spec__.origin == "spec-compat stand-in"

@@ -1,8 +1,9 @@
-"""spec_compat.shims.autotune on stand-in tuners (the real kernels: tests/gpu/test_fused_loss.py)."""
+"""The autotuner helpers of spec_compat.patches.training.fused_loss_own_autotune_lists on stand-in tuners
+(the real kernels: tests/gpu/test_fused_loss.py)."""
 
 from __future__ import annotations
 
-from spec_compat.shims.autotune import own_copy, shared_containers
+from spec_compat.patches.training.fused_loss_own_autotune_lists import own_copy, shared_containers
 
 
 class Config:

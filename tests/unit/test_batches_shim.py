@@ -1,6 +1,6 @@
-"""``spec_compat.shims.batches`` on CPU: the bf16 cast happens in loader workers only (never in the
-main process), leaves other keys alone, and gives the device cast's values; the prefetching loader
-keeps the loader's length and attributes.  The CUDA side stream is tests/gpu/test_batches_cuda.py's."""
+"""The batches of ``spec_compat.patches.training.single_device_bf16`` on CPU: the bf16 cast happens in
+loader workers only (never in the main process), leaves other keys alone, and gives the device cast's
+values; the prefetching loader keeps the loader's length and attributes.  The CUDA side stream is tests/gpu/test_batches_cuda.py's."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from spec_compat.shims.batches import Bf16Features, DevicePrefetch  # noqa: E402
+from spec_compat.patches.training.single_device_bf16 import Bf16Features, DevicePrefetch  # noqa: E402
 
 
 class Rows(torch.utils.data.Dataset):

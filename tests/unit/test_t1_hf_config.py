@@ -13,10 +13,13 @@ from typing import Annotated, Literal, Optional, Union
 
 import pytest
 
-from spec_compat.patches.training import transformers5 as t5
+from spec_compat.patches.training import attn_mask_utils_module, pretrained_config_annotations
+from spec_compat.patches.training.attn_mask_utils_module import AttnMaskUtilsModule, StandInFinder
+from spec_compat.patches.training.pretrained_config_annotations import PretrainedConfigAnnotations
+from spec_compat.patches.training.speculator_config_own_init import SpeculatorConfigOwnInit
+from spec_compat.patches.training.speculator_config_validate import SpeculatorConfigValidate
 from spec_compat.core.registry import Changes, TargetChanged
 from spec_compat.shims import hf_config
-from spec_compat.shims.attn_mask import StandInFinder
 
 # -- annotations --------------------------------------------------------------------
 
@@ -63,13 +66,13 @@ def test_unresolved_annotation_names(module_file):
 def fake_torch(fake_module, monkeypatch):
     """A stand-in for ``torch`` that the annotations patch imports instead."""
     torch = fake_module(dtype=type("dtype", (), {}))
-    monkeypatch.setitem(t5.PROVIDED, "torch", torch.__name__)
+    monkeypatch.setitem(pretrained_config_annotations.PROVIDED, "torch", torch.__name__)
     return torch
 
 
 def test_annotations_patch_binds_the_name_and_undoes(module_file, fake_torch):
     mod = importlib.import_module(module_file(CONFIG_MODULE))
-    patch = t5.PretrainedConfigAnnotations()
+    patch = PretrainedConfigAnnotations()
     patch.check(mod)
     with pytest.raises(NameError):
         typing.get_type_hints(mod.PreTrainedConfig)
@@ -82,7 +85,7 @@ def test_annotations_patch_binds_the_name_and_undoes(module_file, fake_torch):
 
 
 def test_annotations_patch_guards(module_file, fake_torch):
-    patch = t5.PretrainedConfigAnnotations()
+    patch = PretrainedConfigAnnotations()
     not_dc = importlib.import_module(module_file(CONFIG_MODULE.replace("@dataclasses.dataclass\n", "")))
     with pytest.raises(TargetChanged, match="not a dataclass"):
         patch.check(not_dc)
@@ -155,7 +158,7 @@ def test_own_init_kept_for_new_and_existing_subclasses(spec_config):
     class Before(smc):
         pass
 
-    patch = t5.SpeculatorConfigOwnInit()
+    patch = SpeculatorConfigOwnInit()
     patch.check(spec_config)
     changes = Changes(patch.id)
     patch.install(spec_config, changes)
@@ -188,7 +191,7 @@ def test_own_init_kept_for_new_and_existing_subclasses(spec_config):
 
 
 def test_own_init_guards(module_file):
-    patch = t5.SpeculatorConfigOwnInit()
+    patch = SpeculatorConfigOwnInit()
     fixed = importlib.import_module(module_file(SPECULATORS_CONFIG + """
 def _keep(cls, **kw):
     super(SpeculatorModelConfig, cls).__init_subclass__(**kw)
@@ -207,7 +210,7 @@ SpeculatorModelConfig.__init_subclass__ = classmethod(_keep)
 
 def test_validate_dispatches_on_instance_or_class(spec_config):
     smc = spec_config.SpeculatorModelConfig
-    patch = t5.SpeculatorConfigValidate()
+    patch = SpeculatorConfigValidate()
     patch.check(spec_config)
     changes = Changes(patch.id)
     patch.install(spec_config, changes)
@@ -227,7 +230,7 @@ def test_validate_dispatches_on_instance_or_class(spec_config):
 
 
 def test_validate_guards(module_file):
-    patch = t5.SpeculatorConfigValidate()
+    patch = SpeculatorConfigValidate()
     own = importlib.import_module(module_file(SPECULATORS_CONFIG + "\nSpeculatorModelConfig.validate = lambda self: None\n"))
     with pytest.raises(TargetChanged, match="defines validate itself"):
         patch.check(own)
@@ -276,9 +279,9 @@ def test_attn_mask_patch_declines_when_transformers_ships_the_module(fake_module
     parent = fake_module()
     parent.__path__ = []
     present = fake_module()
-    monkeypatch.setattr(t5, "ATTN_MASK_UTILS", present.__name__)
+    monkeypatch.setattr(attn_mask_utils_module, "ATTN_MASK_UTILS", present.__name__)
     present.__spec__ = importlib.machinery.ModuleSpec(present.__name__, None, origin="/somewhere/real.py")
     with pytest.raises(TargetChanged, match="transformers ships"):
-        t5.AttnMaskUtilsModule().check(parent)
-    monkeypatch.setattr(t5, "ATTN_MASK_UTILS", f"{parent.__name__}.absent")
-    t5.AttnMaskUtilsModule().check(parent)
+        AttnMaskUtilsModule().check(parent)
+    monkeypatch.setattr(attn_mask_utils_module, "ATTN_MASK_UTILS", f"{parent.__name__}.absent")
+    AttnMaskUtilsModule().check(parent)

@@ -19,6 +19,10 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from ...core.proof import Proof, T1_STEPS
+from ...core.registry import Changes, Patch, TargetChanged, register
+from ._transformers5 import SPEC_T1
+
 
 def prepare_4d_causal_attention_mask(
     attention_mask: Any,
@@ -107,3 +111,42 @@ class StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def __repr__(self) -> str:
         return f"<spec_compat stand-in finder for {self.name}>"
+
+
+ATTN_MASK_UTILS = "transformers.modeling_attn_mask_utils"
+
+
+def _populate_attn_mask_utils(module: ModuleType) -> None:
+    module.__doc__ = ("spec-compat stand-in for the module transformers 5.24 removed: only "
+                      "_prepare_4d_causal_attention_mask, which speculators < 0.5 imports")
+    module._prepare_4d_causal_attention_mask = prepare_4d_causal_attention_mask  # type: ignore[attr-defined]
+
+
+@register
+class AttnMaskUtilsModule(Patch):
+    """transformers 5.24 removed ``modeling_attn_mask_utils``; speculators 0.3.x/0.4.x
+    ``models/eagle.py:24`` imports ``_prepare_4d_causal_attention_mask`` from it and
+    ``import speculators`` auto-imports that module -> ModuleNotFoundError."""
+
+    id = "attn-mask-utils-module"
+    proof = Proof("fails", T1_STEPS, r"ModuleNotFoundError: No module named 'transformers.modeling_attn_mask_utils'", using="import")
+    fixes = ("T1",)
+    summary = ("transformers.modeling_attn_mask_utils importable again (only when transformers lacks it), "
+               "with a _prepare_4d_causal_attention_mask of the same mask contract")
+    upstream = ("transformers 5.24 removed modeling_attn_mask_utils; speculators models/eagle.py:24 imports it "
+                "-> import speculators: ModuleNotFoundError")
+    target = "transformers:__version__"  # the package: the stand-in is served from then on
+    requires = {"speculators": SPEC_T1, "transformers": ">=5.24"}
+
+    def check(self, module: ModuleType) -> None:
+        try:
+            spec = importlib.util.find_spec(ATTN_MASK_UTILS)
+        except (ImportError, ValueError) as exc:
+            raise TargetChanged(f"cannot look up {ATTN_MASK_UTILS}: {exc}") from None
+        if spec is not None:
+            raise TargetChanged(f"transformers ships {ATTN_MASK_UTILS} ({spec.origin})")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        finder = StandInFinder(ATTN_MASK_UTILS, _populate_attn_mask_utils)
+        sys.meta_path.append(finder)
+        changes.on_undo(finder.remove)

@@ -1,4 +1,4 @@
-"""T3: the draft's attention where flex attention has no backward (CPU).
+"""T3 (see :mod:`._without_cuda`): the draft's attention where flex attention has no backward (CPU).
 
 speculators trains its EAGLE-3 draft with ``flex_attention`` and a ``BlockMask``
 (causal within each packed document, plus one diagonal per test-time-training
@@ -15,7 +15,16 @@ run uses.  On CUDA tensors callers keep flex attention.
 
 from __future__ import annotations
 
+import functools
+from types import ModuleType
 from typing import Any
+
+from ...core.proof import Proof, TRAINING
+from ...core.registry import Changes, Patch, TargetChanged, register
+from .. import _guards as guard
+from ..ranges import SPEC_03
+from ._targets import ATTENTION
+from ._without_cuda import on_cuda
 
 
 def _block_map(num_blocks: Any, indices: Any, n_kv_blocks: int) -> Any:
@@ -69,3 +78,49 @@ def sdpa_with_block_mask(query: Any, key: Any, value: Any, block_mask: Any,
         key = key.repeat_interleave(rep, dim=1)
         value = value.repeat_interleave(rep, dim=1)
     return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+
+
+@register
+class DraftAttentionWithoutFlexBackward(Patch):
+    """speculators 0.3.x compiles the draft's forward everywhere; off CUDA, inductor fails on its
+    flex attention (eagle3/attention.py, torch 2.10: ``InductorError: IndexError``).  Non-CUDA
+    calls get the same masked attention via SDPA and a dense mask built from the BlockMask.
+    Needed only with ``draft-eager-without-cuda`` off; 0.4.x compiles only with CUDA."""
+
+    id = "draft-attention-without-flex-backward"
+    proof = Proof("fails", TRAINING, r"torch\._inductor\.exc\.InductorError: IndexError: tuple index out of range", also_off=("draft-eager-without-cuda",), using="llama")
+    fixes = ("T3",)
+    summary = ("the draft's 'simple_flex_attention' computes non-CUDA calls with scaled_dot_product_attention "
+               "and the BlockMask materialised densely (block structure + mask_mod); CUDA calls keep flex attention")
+    upstream = "torch.compile'd flex_attention on CPU: InductorError (speculators 0.3.x eagle3/attention.py, compiled core.py)"
+    target = f"{ATTENTION}:flex_attention_forward"
+    requires = {"speculators": SPEC_03}
+
+    def check(self, module: ModuleType) -> None:
+        fn = guard.attr(module, "flex_attention_forward")
+        guard.has_params(fn, "flex_attention_forward", "module", "query", "key", "value", "attention_mask", "scaling")
+        registry = getattr(module, "ALL_ATTENTION_FUNCTIONS", None)
+        try:
+            registered = registry["simple_flex_attention"] if registry is not None else None
+        except KeyError:
+            registered = None
+        if registered is not fn:
+            raise TargetChanged("'simple_flex_attention' is not registered as flex_attention_forward")
+
+    def install(self, module: ModuleType, changes: Changes) -> None:
+        inner = module.flex_attention_forward
+        registry = module.ALL_ATTENTION_FUNCTIONS
+
+        # plain function, not changes.wrap: dynamo traces it inside the torch.compile'd draft forward
+        @functools.wraps(inner)
+        def flex_attention_forward(module_: Any, query: Any, key: Any, value: Any, attention_mask: Any,
+                                   scaling: float | None = None, **kwargs: Any) -> Any:
+            if on_cuda(query):
+                return inner(module_, query, key, value, attention_mask, scaling=scaling, **kwargs)
+            out = sdpa_with_block_mask(query.contiguous(), key.contiguous(), value.contiguous(), attention_mask,
+                                       scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+            return out.transpose(1, 2).contiguous(), None
+
+        changes.setattr(module, "flex_attention_forward", flex_attention_forward)
+        registry.register("simple_flex_attention", flex_attention_forward)
+        changes.on_undo(lambda: registry.register("simple_flex_attention", inner))

@@ -11,7 +11,7 @@ from typing import Any
 from ...core.proof import Proof
 from ...core.registry import Changes, Patch, TargetChanged, register
 from .. import _guards as guard
-from .targets import CORE, DRAFT, SPEC_TRAIN
+from ._targets import CORE, DRAFT, SPEC_TRAIN
 
 log = logging.getLogger("spec_compat")
 

@@ -1,23 +1,52 @@
 """T2: speculators' EAGLE-3 trainer and its stock scripts (``scripts/train.py``,
 ``scripts/build_vocab_mapping.py``) on Kimi-K2.5 (and other wrapper / MLA) verifiers:
-the verifier's text-model config and its wrapper-prefixed weights."""
+the verifier's text-model config.
+
+Who is calling: the first frame outside transformers, wrapt, spec_compat and functools
+(:func:`caller_is_speculators`)."""
 
 from __future__ import annotations
 
 import logging
+import sys
 from types import ModuleType
 from typing import Any
 
-from ...core.naming import through
 from ...core.proof import Proof, TRAINING
 from ...core.registry import Changes, Patch, TargetChanged, register
-from ...shims.callers import caller_is_speculators
 from ...shims.hf_config import declares_remote_config
 from .. import _guards as guard
-from ..ranges import SPEC_03
-from .targets import AUTO_CONFIG, CORE, SPEC_TRAIN
+from ._targets import AUTO_CONFIG, SPEC_TRAIN
 
 log = logging.getLogger("spec_compat")
+
+_TRAINING_MODULES = ("speculators.models.", "speculators.train.")
+_PASSED_THROUGH = ("transformers", "wrapt", "spec_compat", "functools")
+
+
+def caller_is_speculators(depth: int = 2) -> bool:
+    """Whether the code calling AutoConfig is speculators' training side: a module of
+    ``speculators.models`` / ``speculators.train``, or a script built on speculators
+    (its stock ``scripts/train.py``, ``scripts/build_vocab_mapping.py``).  ``depth``: the
+    frame to start from, counted from this function's own (2: its caller's caller)."""
+    frame = sys._getframe(depth)
+    while frame is not None:
+        name = str(frame.f_globals.get("__name__", ""))
+        if not (name.startswith(_PASSED_THROUGH)):
+            break
+        frame = frame.f_back
+    if frame is None:
+        return False
+    name = str(frame.f_globals.get("__name__", ""))
+    if name.startswith(_TRAINING_MODULES):
+        return True
+    if name.startswith("speculators"):
+        return False  # e.g. data generation: it passes trust_remote_code itself
+    for value in list(frame.f_globals.values()):
+        mod = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None)
+        if isinstance(mod, str) and (mod == "speculators" or mod.startswith("speculators.")):
+            return True
+    return False
 
 
 @register
@@ -63,43 +92,3 @@ class VerifierConfigTextModel(Patch):
             return text_config(inner(pretrained_model_name_or_path, *args, **kwargs))
 
         changes.wrap(module.AutoConfig, "from_pretrained", from_pretrained)
-
-
-@register
-class VerifierWeightsWrapperPrefix(Patch):
-    """speculators 0.3.0 core.py:239 loads ``model.embed_tokens.weight`` / ``lm_head.weight``
-    by exact name; Kimi-K2.5 stores them as ``language_model.model.embed_tokens.weight`` /
-    ``language_model.lm_head.weight`` -> KeyError.  Missing names are looked up under the
-    wrapper prefix and returned under the requested name."""
-
-    id = "verifier-weights-wrapper-prefix"
-    proof = Proof("fails", TRAINING, r"ValueError: None of the requested tensor names were found in the index\.", using="kimi-k25")
-    fixes = ("T2",)
-    summary = ("verifier tensors that speculators asks for by their text-model name are found under a "
-               "multimodal wrapper's 'language_model.' prefix when the plain name is absent")
-    upstream = "speculators 0.3.0 models/eagle3/core.py:239 exact weight names (suffix matching since 0.4.0)"
-    target = f"{CORE}:load_model_layers"
-    requires = {"speculators": SPEC_03}
-
-    def check(self, module: ModuleType) -> None:
-        guard.has_params(guard.attr(module, "load_model_layers"), f"{CORE}.load_model_layers", "layer_names", "model_path")
-
-    def install(self, module: ModuleType, changes: Changes) -> None:
-        from ...shims.verifier import checkpoint_names, find_prefixed
-
-        def load_model_layers(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
-            return _load_model_layers(wrapped, *args, **kwargs)
-
-        def _load_model_layers(inner: Any, /, layer_names: list[str], model_path: str) -> dict[str, Any]:
-            pid = VerifierWeightsWrapperPrefix.id
-            renamed = find_prefixed(layer_names, checkpoint_names(model_path, pid))
-            if not renamed:
-                with through(pid, f"{CORE}.load_model_layers"):
-                    return inner(layer_names, model_path)
-            log.info("spec_compat: %s: %s", pid, ", ".join(f"{k} <- {v}" for k, v in renamed.items()))
-            with through(pid, f"{CORE}.load_model_layers with wrapper-prefixed names"):
-                got = inner([renamed.get(n, n) for n in layer_names], model_path)
-            back = {v: k for k, v in renamed.items()}
-            return {back.get(k, k): v for k, v in got.items()}
-
-        changes.wrap(module, "load_model_layers", load_model_layers)

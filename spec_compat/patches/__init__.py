@@ -22,6 +22,7 @@ shared helpers and are imported by the patches that use them.
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 
 #: modules of this package that declare no patch (shared helpers, imported where used)
@@ -33,12 +34,17 @@ def _discover() -> tuple[str, ...]:
     of a group folder (``patches/<group>/<unit>.py``) or a folder of its own there
     (``patches/<group>/<unit>/__init__.py`` declares, its other modules hold the behaviour)."""
     found = []
-    depth = __name__.count(".") + 2  # spec_compat.patches.<group>.<unit>
-    for info in pkgutil.walk_packages(__path__, f"{__name__}."):
-        leaf = info.name.rsplit(".", 1)[-1]
-        if leaf.startswith("_") or leaf in HELPERS or info.name.count(".") != depth:
+    # listed without importing anything (pkgutil.walk_packages would import each folder unit while
+    # walking, registering its patch ahead of the sorted order)
+    for group in pkgutil.iter_modules(__path__):
+        if not group.ispkg:
             continue
-        found.append(info.name)
+        where = [os.path.join(p, group.name) for p in __path__]
+        for info in pkgutil.iter_modules(where, f"{__name__}.{group.name}."):
+            leaf = info.name.rsplit(".", 1)[-1]
+            if leaf.startswith("_") or leaf in HELPERS:
+                continue
+            found.append(info.name)
     for name in sorted(found):
         importlib.import_module(name)
     return tuple(sorted(found))

@@ -345,7 +345,7 @@ import json, math, sys
 import torch
 import spec_compat  # noqa: F401
 from safetensors.torch import load_file
-from spec_compat.shims import mla_draft
+from spec_compat.patches.serving.eagle3_mla_draft_head import mla_draft
 from vllm import LLM, SamplingParams
 
 target, head = sys.argv[1:3]

@@ -184,7 +184,7 @@ def test_decoder_stack_locator_no_stack():
 
 @pytest.mark.parametrize("pid", ["eagle3-deepseek-aux-states", "eagle3-kimi-k25-aux-states"])
 def test_aux_state_collector_names_its_patch(pid):
-    from spec_compat.shims.aux_states import AuxStateCollector
+    from spec_compat.patches.serving._eagle3_aux_states import AuxStateCollector
 
     stack = types.SimpleNamespace(layers=[torch.nn.Identity(), torch.nn.Identity()])
     with pytest.raises(ValueError) as exc:
@@ -195,7 +195,7 @@ def test_aux_state_collector_names_its_patch(pid):
 @pytest.mark.parametrize("pid", ["eagle3-deepseek-aux-states", "eagle3-kimi-k25-aux-states"])
 def test_eagle3_patch_missing_stack_names_itself(pid):
     """find_decoder_stack names the patch that calls it (not always decoder-stack-locator)."""
-    from spec_compat.patches.serving.eagle3_deepseek import _eagle3_methods
+    from spec_compat.patches.serving._eagle3_aux_states import _eagle3_methods
     from spec_compat.shims.decoder import find_decoder_stack
 
     methods = _eagle3_methods(pid, find_decoder_stack)
@@ -209,7 +209,7 @@ def test_eagle3_patch_missing_stack_names_itself(pid):
 
 @pytest.mark.parametrize("pid", ["eagle3-deepseek-aux-states", "eagle3-kimi-k25-aux-states"])
 def test_eagle3_default_aux_layers_of_a_shallow_target_names_the_patch(pid):
-    from spec_compat.patches.serving.eagle3_deepseek import _eagle3_methods
+    from spec_compat.patches.serving._eagle3_aux_states import _eagle3_methods
 
     stack = types.SimpleNamespace(layers=[torch.nn.Identity()] * 3)
     methods = _eagle3_methods(pid, lambda model, patch_id: stack)

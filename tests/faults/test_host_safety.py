@@ -136,7 +136,7 @@ BROKEN_REGISTRY = """
 import importlib.abc, sys
 class Broken(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name == "spec_compat.patches.serving.eagle3_deepseek":
+        if name == "spec_compat.patches.serving.eagle3_deepseek_aux_states":
             raise SyntaxError("a broken patch module")
         return None
 sys.meta_path.insert(0, Broken())

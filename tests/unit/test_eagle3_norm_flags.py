@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from spec_compat.core.registry import Registry, Status
-from spec_compat.patches.serving import eagle3_norms
+from spec_compat.patches.serving import eagle3_speculators_norm_flags
 
 SPEC = {"draft_vocab_size": 64, "norm_before_fc": True, "fc_norm": False, "norm_output": True}
 
@@ -27,7 +27,7 @@ def update_eagle3_drifted(config_dict: dict, config: dict, extra: dict) -> None:
 
 def _apply(fake_module, fn):
     mod = fake_module(update_eagle3=fn, SUPPORTED_SPECULATORS_TYPES={"eagle3": fn})
-    cls = type("Flags", (eagle3_norms.Eagle3SpeculatorsNormFlags,),
+    cls = type("Flags", (eagle3_speculators_norm_flags.Eagle3SpeculatorsNormFlags,),
                {"target": f"{mod.__name__}:update_eagle3", "requires": {}})
     reg = Registry()
     reg.register(cls)

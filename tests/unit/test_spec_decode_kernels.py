@@ -8,7 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from spec_compat.shims import spec_decode as sd  # noqa: E402
+from spec_compat.patches.serving import _cpu_spec_decode as sd  # noqa: E402
+from spec_compat.patches.serving import cpu_eagle_padded_batch as eagle  # noqa: E402
+from spec_compat.patches.serving import cpu_rejection_sampler as rejection  # noqa: E402
 
 PH = -1  # vLLM's PLACEHOLDER_TOKEN_ID
 
@@ -24,14 +26,14 @@ def test_greedy_accepts_until_first_mismatch_then_bonus():
     argmax = torch.tensor([7, 1, 9, 4, 5])  # req 0 rejects at pos 1; req 2 accepts all
     bonus = torch.tensor([[11], [12], [13]])
     out = out_buffer(3, 3)
-    sd.REJECTION_KERNELS["rejection_greedy_sample_kernel"][(3,)](out, cu, draft, argmax, bonus, None, 3)
+    rejection.REJECTION_KERNELS["rejection_greedy_sample_kernel"][(3,)](out, cu, draft, argmax, bonus, None, 3)
     assert out.tolist() == [[7, 1, PH, PH], [12, PH, PH, PH], [4, 5, 13, PH]]
 
 
 def test_greedy_skips_non_greedy_requests():
     cu = torch.tensor([1, 2])
     out = out_buffer(2, 1)
-    sd.rejection_greedy_sample_kernel(out, cu, torch.tensor([3, 3]), torch.tensor([3, 3]), torch.tensor([5, 6]),
+    rejection.rejection_greedy_sample_kernel(out, cu, torch.tensor([3, 3]), torch.tensor([3, 3]), torch.tensor([5, 6]),
                                       torch.tensor([True, False]), 1)
     assert out.tolist() == [[3, 5], [PH, PH]]
 
@@ -44,7 +46,7 @@ def test_random_rejection_uses_ratio_and_recovered_token():
     uniform = torch.tensor([0.99, 0.5, 0.5, 0.9], dtype=torch.float64)  # req 1 pos 1: 0.1/0.8 < 0.9
     recovered = torch.tensor([0, 0, 0, 1])
     out = out_buffer(2, 2)
-    sd.REJECTION_KERNELS["rejection_random_sample_kernel"][(2,)](
+    rejection.REJECTION_KERNELS["rejection_random_sample_kernel"][(2,)](
         out, cu, draft, draft_probs, target, torch.tensor([9, 9]), recovered, uniform,
         torch.tensor([False, False]), 2, 3, NO_DRAFT_PROBS=False)
     assert out.tolist() == [[1, 2, 9], [1, 1, PH]]
@@ -52,7 +54,7 @@ def test_random_rejection_uses_ratio_and_recovered_token():
 
 def test_random_without_draft_probs_uses_target_prob_alone():
     out = out_buffer(1, 1)
-    sd.rejection_random_sample_kernel(out, torch.tensor([1]), torch.tensor([2]), None,
+    rejection.rejection_random_sample_kernel(out, torch.tensor([1]), torch.tensor([2]), None,
                                       torch.tensor([[0.5, 0.3, 0.2]]), torch.tensor([7]), torch.tensor([0]),
                                       torch.tensor([0.25], dtype=torch.float64), torch.tensor([False]), 1, 3, True)
     assert out.tolist() == [[0, PH]]  # 0.2 < 0.25: rejected, recovered token 0
@@ -60,7 +62,7 @@ def test_random_without_draft_probs_uses_target_prob_alone():
 
 def test_expand_repeats_per_request_and_replaces():
     out = torch.empty(6, dtype=torch.int64)
-    sd.REJECTION_KERNELS["expand_kernel"][(3,)](out, torch.tensor([5, 0, 9]), torch.tensor([2, 5, 6]), 0, 4,
+    rejection.REJECTION_KERNELS["expand_kernel"][(3,)](out, torch.tensor([5, 0, 9]), torch.tensor([2, 5, 6]), 0, 4,
                                                MAX_NUM_TOKENS=128)
     assert out.tolist() == [5, 5, 4, 4, 4, 9]
 
@@ -70,11 +72,11 @@ def test_recovered_token_is_argmax_of_residual_over_noise():
     draft_probs = torch.tensor([[0.6, 0.1, 0.3], [0.1, 0.1, 0.8]])
     q = torch.ones(1, 3)
     out = torch.empty(2, dtype=torch.int64)
-    sd.sample_recovered_tokens_kernel(out, torch.tensor([2]), torch.tensor([0, 2]), draft_probs, target, q, 3, 4,
+    rejection.sample_recovered_tokens_kernel(out, torch.tensor([2]), torch.tensor([0, 2]), draft_probs, target, q, 3, 4,
                                       False)
     assert out[0].item() == 1  # residual (0, 0.2, 0)
     out2 = torch.empty(1, dtype=torch.int64)
-    sd.sample_recovered_tokens_kernel(out2, torch.tensor([1]), torch.tensor([0]), None, target[:1], q, 3, 4, True)
+    rejection.sample_recovered_tokens_kernel(out2, torch.tensor([1]), torch.tensor([0]), None, target[:1], q, 3, 4, True)
     assert out2.item() == 1  # draft token 0 masked out
 
 
@@ -84,7 +86,7 @@ def test_eagle_next_token_padded_counts_valid_and_takes_last():
     backup = torch.tensor([40, 41, 42, 43], dtype=torch.int32)
     nxt = torch.empty(4, dtype=torch.int32)
     valid = torch.empty(4, dtype=torch.int32)
-    sd.EAGLE_KERNELS["eagle_prepare_next_token_padded_kernel"][(4,)](
+    eagle.EAGLE_KERNELS["eagle_prepare_next_token_padded_kernel"][(4,)](
         sampled, discard, backup, nxt, valid, 512, 4, 4, sampled.stride(0), BLOCK_SIZE_TOKENS=4)
     assert nxt.tolist() == [5, 41, 3, 43]
     assert valid.tolist() == [2, 0, 3, 0]
@@ -96,7 +98,7 @@ def test_eagle_inputs_padded_token_index_and_rejections():
     qsl = torch.tensor([0, 4, 5, 8])
     idx = torch.empty(3, dtype=torch.int32)
     rej = torch.empty(3, dtype=torch.int32)
-    sd.EAGLE_KERNELS["eagle_prepare_inputs_padded_kernel"][(3,)](cu, valid, qsl, idx, rej, 3)
+    eagle.EAGLE_KERNELS["eagle_prepare_inputs_padded_kernel"][(3,)](cu, valid, qsl, idx, rej, 3)
     assert rej.tolist() == [2, 0, 0]
     assert idx.tolist() == [1, 4, 7]
 

@@ -30,8 +30,8 @@ from vllm.model_executor.models.deepseek_v2 import DeepseekV2Attention, Deepseek
 from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
 from vllm.model_executor.models.utils import get_draft_quant_config, maybe_prefix
 
-from .eagle3_norms import add_input_norms, fed_back, normed_aux_states
-from .draft_heads import aux_count
+from .._eagle3_norms import add_input_norms, fed_back, normed_aux_states
+from ....shims.draft_heads import aux_count
 
 #: checkpoint name -> (vLLM parameter, shard) for the MLP's fused gate/up projection
 _STACKED = ((".gate_proj", ".gate_up_proj", 0), (".up_proj", ".gate_up_proj", 1))

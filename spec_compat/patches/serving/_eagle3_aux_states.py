@@ -1,4 +1,8 @@
-"""EAGLE-3 auxiliary hidden states for vLLM models that do not collect them (S1).
+"""Shared by ``eagle3-deepseek-aux-states`` and ``eagle3-kimi-k25-aux-states`` (failure S1 in
+docs/failures.md): the ``SupportsEagle3`` capability (aux hidden states out of the decoder loop)
+given to a model class whose decoder loop has none, and the collector of those states.
+
+EAGLE-3 auxiliary hidden states for vLLM models that do not collect them (S1).
 
 vLLM's convention (Llama's decoder loop): aux layer id ``i`` is the residual
 stream entering decoder layer ``i``, i.e. ``hidden_states + residual`` as the
@@ -20,6 +24,11 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 from typing import Any
+
+from ...core.registry import Changes, TargetChanged
+from .. import _guards as guard
+
+VLLM_S1 = ">=0.15,<0.18"
 
 
 def default_aux_layers(num_layers: int, patch_id: str) -> tuple[int, ...]:
@@ -90,3 +99,52 @@ def _bind(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[st
     if sig is None:
         sig = _SIGS[type(module)] = inspect.signature(type(module).forward)
     return dict(sig.bind(module, *args, **kwargs).arguments)
+
+
+def _eagle3_methods(patch_id: str, find_stack: Any) -> dict[str, Any]:
+    """``SupportsEagle3`` members for a model class whose decoder loop has no aux states."""
+
+    def set_aux_hidden_state_layers(self: Any, layers: tuple[int, ...]) -> None:
+        old = self.__dict__.pop("_spec_compat_aux", None)
+        if old is not None:
+            old.remove()
+        self.__dict__["_spec_compat_aux"] = AuxStateCollector(find_stack(self, patch_id), layers, patch_id)
+
+    def get_eagle3_aux_hidden_state_layers(self: Any) -> tuple[int, ...]:
+        return default_aux_layers(len(find_stack(self, patch_id).layers), patch_id)
+
+    # every member of vLLM's runtime-checkable SupportsEagle3 protocol (SupportsEagleBase's flags too:
+    # isinstance() looks for each of them)
+    return {"supports_eagle3": True,
+            "has_own_lm_head": False,
+            "has_own_embed_tokens": False,
+            "set_aux_hidden_state_layers": set_aux_hidden_state_layers,
+            "get_eagle3_aux_hidden_state_layers": get_eagle3_aux_hidden_state_layers}
+
+
+def _install_eagle3(cls: Any, patch_id: str, changes: Changes) -> None:
+    from ...shims.decoder import find_decoder_stack
+
+    for name, value in _eagle3_methods(patch_id, find_decoder_stack).items():
+        if name.startswith("has_own_") and hasattr(cls, name):
+            continue  # the model's own answer stands
+        changes.setattr(cls, name, value)  # new members: nothing to wrap
+    # a wrapt wrapper keeps forward's signature, which vLLM reads (is_vllm_model: input_ids, positions)
+    changes.wrap(cls, "forward", _forward_with_aux)
+
+
+def _forward_with_aux(wrapped: Any, model: Any, args: tuple, kwargs: dict) -> Any:
+    collector = model.__dict__.get("_spec_compat_aux")
+    if collector is None:
+        return wrapped(*args, **kwargs)
+    collector.start()
+    out = wrapped(*args, **kwargs)
+    if not hasattr(out, "shape"):  # IntermediateTensors of a non-last pipeline rank, or already a tuple
+        return out
+    return out, collector.collect()
+
+
+def _check_not_eagle3(cls: Any, where: str) -> None:
+    if getattr(cls, "supports_eagle3", False) or hasattr(cls, "set_aux_hidden_state_layers"):
+        raise TargetChanged(f"{where} already declares SupportsEagle3")
+    guard.has_params(cls.forward, f"{where}.forward", "input_ids", "positions")

@@ -1,28 +1,29 @@
-"""The input norms and the output convention of an EAGLE-3 draft trained by speculators >= 0.9,
-for a vLLM whose ``llama_eagle3`` draft has neither.
+"""Shared by ``eagle3-speculators-norm-flags``, ``eagle3-draft-input-norms`` and
+``eagle3-mla-draft-head``: EAGLE-3 drafts trained by speculators 0.9 (``norm_before_fc`` /
+``fc_norm`` / ``norm_output``, on by default for ``norm_before_fc`` and ``norm_output``) served by
+vLLM 0.15/0.16, whose speculators-config reader drops those fields and whose ``llama_eagle3`` draft
+has no input norm: loading such a draft fails ("KeyError: 'input_norm.weight'").
 
+The input norms and the output convention of such a draft, for a vLLM whose draft has neither:
 speculators 0.9 trains EAGLE-3 drafts (by default) with ``norm_before_fc``: one RMSNorm over
 the concatenated aux hidden states before ``fc`` (weight ``input_norm.weight``), or with
 ``fc_norm``: one RMSNorm per aux state (``fc_norm.<i>.weight``), and with ``norm_output``: the
 post-norm hidden states, not the pre-norm ones, are fed back to the next draft step.
 
-:data:`FLAGS` are the config fields; :func:`add_input_norms` builds the modules on a draft
-model, :func:`normed_aux_states` applies them before ``fc``, :func:`fed_back` picks what the
-next step gets.
+:func:`add_input_norms` builds the modules on a draft model, :func:`normed_aux_states` applies
+them before ``fc``, :func:`fed_back` picks what the next step gets.  (The config fields reach the
+draft through ``eagle3_speculators_norm_flags.py``.)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
-
-
-def carry_flags(config_dict: dict, pre_trained_config: dict) -> None:
-    """Copy the flags a speculators config sets into the draft's transformers config dict."""
-    for name in FLAGS:
-        if name in config_dict and config_dict[name] is not None:
-            pre_trained_config[name] = bool(config_dict[name])
+#: vLLM releases measured (0.16.0 and 0.15.1)
+VLLM_NO_INPUT_NORM = ">=0.15,<0.17"
+#: ``spec-compat evaluate`` of the draft stock ``speculators train`` 0.9.0 wrote, with the patch off
+SPEC09_SERVING = "tests/server/test_speculators_pipeline.py::test_served_draft_fails_without_the_patch"
+SYMPTOM = r"KeyError: 'input_norm\.weight'"
 
 
 def add_input_norms(model: Any, rms_norm: Any, module_list: Any) -> None:

@@ -33,12 +33,15 @@ def _discover() -> tuple[str, ...]:
     of a group folder (``patches/<group>/<unit>.py``) or a folder of its own there
     (``patches/<group>/<unit>/__init__.py`` declares, its other modules hold the behaviour)."""
     found = []
-    depth = __name__.count(".") + 2  # spec_compat.patches.<group>.<unit>
-    for info in pkgutil.walk_packages(__path__, f"{__name__}."):
-        leaf = info.name.rsplit(".", 1)[-1]
-        if leaf.startswith("_") or leaf in HELPERS or info.name.count(".") != depth:
+    # group by group, not pkgutil.walk_packages: that imports each package it lists (a folder unit
+    # would register while the walk goes on, ahead of the sorted order)
+    for group in pkgutil.iter_modules(__path__, f"{__name__}."):
+        if not group.ispkg or group.name.rsplit(".", 1)[-1].startswith("_"):
             continue
-        found.append(info.name)
+        for info in pkgutil.iter_modules(importlib.import_module(group.name).__path__, f"{group.name}."):
+            leaf = info.name.rsplit(".", 1)[-1]
+            if not (leaf.startswith("_") or leaf in HELPERS):
+                found.append(info.name)
     for name in sorted(found):
         importlib.import_module(name)
     return tuple(sorted(found))

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import spec_compat  # noqa: E402,F401  (where vLLM is installed, the registry provides the connector module)
 from spec_compat.shims.hidden_states.files import hidden_states_tensors  # noqa: E402
-from spec_compat.shims.hidden_states.fp8_rows import quantize_rows  # noqa: E402
+from spec_compat.patches.hidden_states.ehs_config.fp8_rows import quantize_rows  # noqa: E402
 from spec_compat.shims.hidden_states.upstream_writer import save_and_release  # noqa: E402
 from spec_compat.shims.hidden_states.writer import BackgroundWriter, host_rows  # noqa: E402
 

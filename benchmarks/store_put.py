@@ -33,8 +33,8 @@ def main() -> None:
 
     import torch
 
-    from spec_compat.shims.hidden_states.slots import gather_rows
-    from spec_compat.shims.hidden_states.store import HiddenStatesStore
+    from spec_compat.patches.hidden_states.ehs_capture import gather_rows
+    from spec_compat.patches.hidden_states.ehs_capture import HiddenStatesStore
 
     torch.set_num_threads(1)
     n, h, block = a.tokens, a.hidden, 16

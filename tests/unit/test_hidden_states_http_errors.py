@@ -53,7 +53,7 @@ class _Serving:
 def test_the_wrapper_answers_the_error_and_leaves_good_answers_alone(tmp_path):
     import threading
 
-    from spec_compat.patches.hidden_states.http_errors import _create_completion
+    from spec_compat.patches.hidden_states.ehs_write_error_status import _create_completion
 
     async def call(params):
         serving = _Serving(params)

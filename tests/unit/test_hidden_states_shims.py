@@ -28,8 +28,8 @@ from spec_compat.shims.hidden_states.files import (
     HiddenStatesWriteError, acquire_lock, error_path, final_path, hidden_states_tensors, lock_path, release_lock,
     temp_path, write_atomically,
 )
-from spec_compat.shims.hidden_states.layer_ids import LAYER_ID_CONVENTION, LayerIdError, check_layer_ids
-from spec_compat.shims.hidden_states.slots import blocks_needed, gather_rows, token_slots
+from spec_compat.patches.hidden_states.ehs_config.layer_ids import LAYER_ID_CONVENTION, LayerIdError, check_layer_ids
+from spec_compat.patches.hidden_states.ehs_capture import blocks_needed, gather_rows, token_slots
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 from lock_reader import contract_reader_wait  # noqa: E402  (the design's reader, shared with ehs_engine)

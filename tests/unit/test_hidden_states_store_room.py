@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from spec_compat.patches.hidden_states.capture import check_room  # noqa: E402
+from spec_compat.patches.hidden_states.ehs_capture import check_room  # noqa: E402
 
 
 def test_host_memory_is_not_checked(monkeypatch):

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from spec_compat.shims.hidden_states.mooncake_answer import StoreWatch
+from spec_compat.patches.hidden_states.mooncake_answer_after_put import StoreWatch
 from spec_compat.shims.hidden_states.mooncake_master import mooncake_settings
 
 PID = "mooncake-answer-after-put"
@@ -72,7 +72,7 @@ def test_the_workers_error_marker_answers_500_with_its_message():
 
 
 def test_a_full_store_without_a_marker_answers_500_saying_so(monkeypatch):
-    import spec_compat.shims.hidden_states.mooncake_answer as shim
+    import spec_compat.patches.hidden_states.mooncake_answer_after_put as shim
 
     monkeypatch.setattr(shim, "FULL_PROBE_AFTER_S", 0.01)
     store = Store({})
@@ -83,7 +83,7 @@ def test_a_full_store_without_a_marker_answers_500_saying_so(monkeypatch):
 
 
 def test_a_sample_that_never_comes_answers_504(monkeypatch):
-    import spec_compat.shims.hidden_states.mooncake_answer as shim
+    import spec_compat.patches.hidden_states.mooncake_answer_after_put as shim
 
     monkeypatch.setattr(shim, "FULL_PROBE_AFTER_S", 0.01)
     store = Store({})

@@ -160,7 +160,7 @@ def test_the_patch_writes_the_store_samples_where_the_stock_run_moves_them(tmp_p
 
     from safetensors.torch import load_file
 
-    import spec_compat.patches.hidden_states.offline_store as patch_module
+    import spec_compat.patches.hidden_states.offline_data_from_mooncake as patch_module
     from spec_compat import REGISTRY
 
     src = tmp_path / "gen_stand_in.py"

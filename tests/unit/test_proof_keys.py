@@ -231,7 +231,7 @@ def test_a_planted_change_in_one_patch_unit_moves_exactly_its_proofs(tmp_path):
     from spec_compat import patches  # noqa: F401
 
     records = _records()
-    unit = "spec_compat/patches/hidden_states/render.py"
+    unit = "spec_compat/patches/hidden_states/ehs_render_token_ids.py"
     owners = {name for name, pid, _rec in records
               if unit in proof_keys.patch_modules(REGISTRY.get(pid), REGISTRY)}
     assert owners, f"no recorded proof of a patch in {unit}"
@@ -260,7 +260,7 @@ def test_the_helpers_beside_the_units_count_for_the_proofs_whose_units_import_th
     from proof_keys import is_unit
 
     assert not is_unit("spec_compat/patches/_guards.py") and not is_unit("spec_compat/patches/ranges.py")
-    assert is_unit("spec_compat/patches/hidden_states/render.py")
+    assert is_unit("spec_compat/patches/hidden_states/ehs_render_token_ids.py")
     assert not is_unit("spec_compat/patches/hidden_states/__init__.py")
     users = [n for n, _p, rec in _records() if "spec_compat/patches/_guards.py" in rec["inputs"]["files"]]
     assert users, "no recorded proof lists the units' shared guards"

@@ -1,4 +1,4 @@
-"""The render answer's helpers (spec_compat/shims/hidden_states/render.py): truncation as vLLM >= 0.18
+"""The render answer's helpers (spec_compat/patches/hidden_states/ehs_render_token_ids.py): truncation as vLLM >= 0.18
 reads ``truncate_prompt_tokens`` / ``truncation_side``, token ids out of vLLM 0.15/0.16's
 ``(conversation, engine_prompts)``, and the errors for what cannot be answered."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from spec_compat.shims.hidden_states.render import (
+from spec_compat.patches.hidden_states.ehs_render_token_ids import (
     RenderRequestError, Truncation, rendered_token_ids, requested_truncation,
 )
 

@@ -490,7 +490,7 @@ STOCK_ERRORS = {
         "    self.device = torch.device(self.device_type)\n"
         "RuntimeError: Device string must not be empty"),
     "ehs-capture": (
-        '  File "/w/spec_compat/shims/hidden_states/connector.py", line 109, in wait_for_save\n'
+        '  File "/w/spec_compat/patches/hidden_states/ehs_config/connector.py", line 109, in wait_for_save\n'
         '    raise RuntimeError(f"spec_compat[ehs-capture]: no hidden-state store in this worker: the patch '
         'ehs-capture is "\n'
         "RuntimeError: spec_compat[ehs-capture]: no hidden-state store in this worker: the patch ehs-capture is not "

@@ -4,6 +4,10 @@ vLLM 0.16 ``config/speculative.py:45`` has no such method: ``SpeculativeConfig``
 pydantic ``literal_error`` on ``method`` (vLLM 0.17 added it, PR #33736).  Here no speculative
 config is built for it (no drafter runs): its layer ids are checked against the target's text
 config and handed to the hidden-states connector, and the engine runs eagerly.
+
+Behaviour beside this declaration: :mod:`.layer_ids` (the ids checked), :mod:`.connector` (the KV
+connector vLLM loads as ``ExampleHiddenStatesConnector``; imports vLLM, so not imported here) and
+:mod:`.fp8_rows` (its device-side fp8 rows for hs-connectors' fp8 writer).
 """
 
 from __future__ import annotations
@@ -14,17 +18,17 @@ import tempfile
 from types import ModuleType
 from typing import Any
 
-from ...core.proof import Proof
-from ...core.registry import Changes, Patch, TargetChanged, register
-from ...shims.hidden_states.contract import CONNECTOR_NAME, METHOD, SETTINGS_KEY
-from .. import _guards as guard
-from . import VLLM_WITHOUT_EHS
+from ....core.proof import Proof
+from ....core.registry import Changes, Patch, TargetChanged, register
+from ....shims.hidden_states.contract import CONNECTOR_NAME, METHOD, SETTINGS_KEY
+from ... import _guards as guard
+from .. import VLLM_WITHOUT_EHS
 
 log = logging.getLogger("spec_compat")
 
 SERVER_PROOF = "tests/engine/test_extract_hidden_states_proof.py::test_fails_with_only_this_server_patch_disabled"
 #: where the connector class lives (vLLM's factory imports ``kv_connector_module_path``)
-CONNECTOR_MODULE = "spec_compat.shims.hidden_states.connector"
+CONNECTOR_MODULE = "spec_compat.patches.hidden_states.ehs_config.connector"
 #: the request, kept on the target's ModelConfig between SpeculativeConfig and VllmConfig
 _REQUEST = "_spec_compat_extract_hidden_states"
 
@@ -91,8 +95,8 @@ def check_connector(kv: Any) -> bool:
             f"vLLM ({type(exc).__name__}: {exc}). On vLLM <0.17 spec-compat serves method {METHOD!r} through its "
             f"{CONNECTOR_NAME} backport, its subclasses (hs-connectors' fp8 backend) and connectors that read "
             "vLLM 0.17's hidden-states cache with extract_from_kv_cache (hs-connectors' mooncake backend)") from None
-    from ...shims.hidden_states.cache_group import reads_cache_group
-    from ...shims.hidden_states.connector import HiddenStatesConnector
+    from ....shims.hidden_states.cache_group import reads_cache_group
+    from .connector import HiddenStatesConnector
 
     if isinstance(cls, type) and reads_cache_group(cls):
         return False  # gets the store's tensor as the cache-only layer's KV cache (ehs-capture, ehs-cache-group)
@@ -112,7 +116,7 @@ def _speculative_config_new(cls: Any, *args: Any, **kwargs: Any) -> Any:
     without ``--speculative-config``); the checked request rides on the target's ModelConfig."""
     if kwargs.get("method") != METHOD:
         return object.__new__(cls)
-    from ...shims.hidden_states import check_layer_ids
+    from .layer_ids import check_layer_ids
 
     model = kwargs.get("target_model_config")
     if model is None:

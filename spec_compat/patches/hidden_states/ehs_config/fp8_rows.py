@@ -14,7 +14,7 @@ The connector's device branch (:func:`device_fp8`): when its writer is hs-connec
 ``_write_tensors`` (:func:`is_hs_connectors_fp8`) and the rows are on an accelerator, the rows are
 quantized there, only the fp8 rows and scales are copied to pinned host memory, and the writer thread
 saves them as that writer would (:func:`fp8_file_tensors`: its tensors, key order and no metadata)
-through :func:`.upstream_writer.save_and_release`.  The file's bytes are the host path's
+through :func:`~spec_compat.shims.hidden_states.upstream_writer.save_and_release`.  The file's bytes are the host path's
 (tests/unit/test_hidden_states_connector.py on the CPU, tests/gpu/test_fp8_rows_cuda.py on CUDA).
 """
 
@@ -24,9 +24,9 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from .files import hidden_states_tensors
-from .upstream_writer import save_and_release
-from .writer import host_tensors
+from ....shims.hidden_states.files import hidden_states_tensors
+from ....shims.hidden_states.upstream_writer import save_and_release
+from ....shims.hidden_states.writer import host_tensors
 
 #: the key hs-connectors 0.9.0 stores the per-token scales under
 SCALES_KEY = "hidden_states_scales"
@@ -74,9 +74,10 @@ def fp8_file_tensors(tensors: Mapping[str, Any]) -> dict[str, Any]:
 
 def device_fp8(rows: Any, token_ids: Any) -> tuple[dict[str, Any], None, Any, Any]:
     """The connector's device branch: the arguments after ``path`` of
-    :meth:`.writer.BackgroundWriter.submit`: ``(host tensors, None, ready, save_and_release)``.  The rows
-    (checked as :func:`.files.hidden_states_tensors` does) are quantized where they are, the fp8 rows and
-    scales queued to pinned host memory (``ready``: the copies' CUDA event; None for CPU tensors, passed
-    as they are); no metadata, and a plain save, as hs-connectors' writer does."""
+    :meth:`~spec_compat.shims.hidden_states.writer.BackgroundWriter.submit`: ``(host tensors, None, ready,
+    save_and_release)``.  The rows (checked as :func:`~spec_compat.shims.hidden_states.files.hidden_states_tensors`
+    does) are quantized where they are, the fp8 rows and scales queued to pinned host memory (``ready``: the
+    copies' CUDA event; None for CPU tensors, passed as they are); no metadata, and a plain save, as
+    hs-connectors' writer does."""
     tensors, ready = host_tensors(fp8_file_tensors(hidden_states_tensors(rows, token_ids)))
     return tensors, None, ready, save_and_release

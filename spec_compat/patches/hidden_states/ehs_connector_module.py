@@ -24,7 +24,7 @@ from . import VLLM_WITHOUT_EHS
 PACKAGE = "vllm.distributed.kv_transfer.kv_connector.v1"
 MODULE = "example_hidden_states_connector"
 #: the backport's connector module that answers to that name
-BACKPORT = "spec_compat.shims.hidden_states.connector"
+BACKPORT = "spec_compat.patches.hidden_states.ehs_config.connector"
 
 PROOF = "tests/server/test_hs_connectors.py::test_fp8_backend_fails_with_only_this_patch_disabled"
 

@@ -3,9 +3,11 @@
 vLLM's name ``ExampleHiddenStatesConnector`` resolves here (``ehs-config`` sets ``kv_connector_module_path``).
 * Scheduler side: tracks each request's prompt ids and KV block ids; the step that computes a prompt's last token
   lists one save.  :meth:`request_finished` answers ``{"hidden_states_path": path}``, or ``None`` + ``error``.
-* Worker side (TP rank 0, holding the :class:`.store.HiddenStatesStore`): ``wait_for_save`` gathers the prompt's
-  rows (on a GPU queued to pinned memory, :func:`.writer.host_rows`; for hs-connectors' fp8 writer quantized on the
-  GPU first, :func:`.fp8_rows.device_fp8`) for a :class:`.writer.BackgroundWriter`: the step removes a stale file
+* Worker side (TP rank 0, holding ehs-capture's
+  :class:`~spec_compat.patches.hidden_states.ehs_capture.HiddenStatesStore`): ``wait_for_save`` gathers the prompt's
+  rows (on a GPU queued to pinned memory, :func:`~spec_compat.shims.hidden_states.writer.host_rows`; for
+  hs-connectors' fp8 writer quantized on the GPU first, :func:`.fp8_rows.device_fp8`) for a
+  :class:`~spec_compat.shims.hidden_states.writer.BackgroundWriter`: the step removes a stale file
   and takes ``<path>.lock`` (a broken storage directory fails here: the answer names it); the writer thread writes
   (temp file + rename) and releases the lock.  A failed write is logged and marked (``.error``); the engine goes on.
 """
@@ -21,13 +23,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole,
 )
 
-from .cache_group import extract_from_kv_cache  # noqa: F401 (vLLM >= 0.17's helper, for connectors of its cache)
-from .contract import CONNECTOR_NAME, PATH_KEY, SETTINGS_KEY
-from .files import HiddenStatesWriteError, _mark_error, final_path, hidden_states_tensors, lock_path
+from ....shims.hidden_states.cache_group import extract_from_kv_cache  # noqa: F401 (vLLM >= 0.17's helper, for connectors of its cache)
+from ....shims.hidden_states.contract import CONNECTOR_NAME, PATH_KEY, SETTINGS_KEY
+from ....shims.hidden_states.files import HiddenStatesWriteError, _mark_error, final_path, hidden_states_tensors, lock_path
+from ....shims.hidden_states.http_errors import storage_problem
+from ....shims.hidden_states.upstream_writer import save_and_release
+from ....shims.hidden_states.writer import FAILED, PENDING, BackgroundWriter, host_rows, outcome, static_override
 from .fp8_rows import device_fp8, is_hs_connectors_fp8
-from .http_errors import storage_problem
-from .upstream_writer import save_and_release
-from .writer import FAILED, PENDING, BackgroundWriter, host_rows, outcome, static_override
 
 log = logging.getLogger("spec_compat")
 

@@ -4,21 +4,71 @@ hs-connectors 0.9.0 ``transfer.py`` ``FileTransfer.get_cached`` / ``get_generate
 the file holds; ``FP8Transfer`` (the ``fp8`` backend) dequantizes. A trainer started with
 ``--hidden-states-backend file`` against an fp8 server gets float8 rows and their scales, and
 speculators 0.9.0's ``CollateFn`` casts the rows to bf16 unscaled: silent wrong data.
+
+What a trainer reading hidden-state files with the plain ``file`` backend must refuse
+(:func:`refuse_scaled_payload`): ``hidden_states`` as float8_e4m3fn, or ``hidden_states_scales``
+(one fp32 scale per token) beside them - a payload only ``FP8Transfer`` multiplies back.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from ...core.proof import Proof
 from ...core.registry import Changes, NotNeeded, Patch, register
-from ...shims.hidden_states.transfer_checks import cached_file, generated_file, reads_plainly, refuse_scaled_payload
 from .. import _guards as guard
 
 TRANSFER = "hs_connectors.transfer"
 PROOF = "tests/server/test_backend_mismatch.py::test_fp8_files_read_as_plain_files_fail_only_without_this_patch"
 READS = ("get_cached", "get_generated")
+
+#: hs-connectors 0.9.0's key for the per-token scales of an fp8 payload
+SCALES_KEY = "hidden_states_scales"
+
+
+def scaled_payload(sample: Any) -> str | None:
+    """Why ``sample`` (a loaded tensor dict, or None) is an fp8 payload with scales, or None."""
+    if not isinstance(sample, dict):
+        return None
+    hs = sample.get("hidden_states")
+    dtype = str(getattr(hs, "dtype", ""))
+    if SCALES_KEY in sample:
+        return f"it holds {SCALES_KEY!r} (per-token scales) next to hidden_states {dtype}"
+    if "float8" in dtype:
+        return f"its hidden_states are {dtype}"
+    return None
+
+
+def refuse_scaled_payload(sample: Any, where: str, patch_id: str) -> Any:
+    """``sample`` unchanged, or ValueError when it is an fp8 payload read as plain files."""
+    why = scaled_payload(sample)
+    if why is not None:
+        raise ValueError(
+            f"spec_compat[{patch_id}]: the hidden states at {where} were written by hs-connectors' fp8 connector "
+            f"({why}); the trainer reads them with the 'file' backend, which would use the fp8 values without "
+            "their scales. Read them with --hidden-states-backend fp8 (the backend the server was started with).")
+    return sample
+
+
+def reads_plainly(instance: Any, base: type, name: str) -> bool:
+    """``instance`` reads with ``base``'s own ``name`` method: no subclass between them overrides it
+    (hs-connectors' ``FP8Transfer`` overrides both reads and dequantizes; it is not checked)."""
+    return not any(name in vars(k) for k in type(instance).__mro__ if k is not base and issubclass(k, base))
+
+
+def cached_file(instance: Any, file_idx: Any) -> str:
+    """The file ``FileTransfer.get_cached(file_idx)`` read."""
+    return str(Path(getattr(instance, "hidden_states_path", ".")) / f"hs_{file_idx}.safetensors")
+
+
+def generated_file(params: Any) -> str:
+    """What ``FileTransfer.get_generated(params)`` read: the server's path, else its handle."""
+    if isinstance(params, dict):
+        return str(params.get("hidden_states_path") or params.get("handle") or params)
+    return str(params)
+
 
 
 @register

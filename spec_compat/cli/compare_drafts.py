@@ -22,7 +22,7 @@ from typing import Any
 
 from .console import stdout_to_stderr
 from .checkpoints import TRUST_FLAG, TRUST_HELP, CheckpointError, checked_target, eagle3_draft, model_dir
-from .engine_runs import engine_kwargs, generate
+from .engine_runs import engine_kwargs, engine_settings, generate
 from .evaluate import EvalResult, EvaluateError, evaluate, load_prompts, serving_unsupported, summarise, table
 
 log = logging.getLogger("spec_compat")
@@ -55,10 +55,12 @@ def evaluate_drafts(target: str, drafts: Sequence[str], prompts: str | None = No
         raise EvaluateError(f"{len(too_long)} prompts do not fit max_model_len {max_model_len} with {max_tokens} new "
                             f"tokens (first: prompt {too_long[0]})")
     base_kw = engine_kwargs(tdir, trust, max_model_len, eager, seed)
-    runs = [generate(dict(base_kw, speculative_config={"method": "eagle3", "model": str(d),
-                                                         "num_speculative_tokens": int(k)}), ids, max_tokens, ignore_eos)
-            for d in ddirs]
-    base, _, _, t_base = generate(base_kw, ids, max_tokens, ignore_eos)
+    with engine_settings(tdir, trust):
+        runs = [generate(dict(base_kw, speculative_config={"method": "eagle3", "model": str(d),
+                                                             "num_speculative_tokens": int(k)}),
+                         ids, max_tokens, ignore_eos)
+                for d in ddirs]
+        base, _, _, t_base = generate(base_kw, ids, max_tokens, ignore_eos)
     return [summarise(base, spec, before, after, k, {"no_spec": round(t_base, 3), "spec": round(t_spec, 3)})
             for spec, before, after, t_spec in runs]
 

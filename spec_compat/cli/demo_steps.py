@@ -63,30 +63,30 @@ def extract(model_dir: Path, dataset: Any, data_dir: Path, layer_ids: list[int] 
     from speculators.data_generation.config_generator import DataGenerationConfig
     from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
-    from ..verify.settings import prefer_non_mla
+    from ..verify.settings import preferring_non_mla
 
-    prefer_non_mla(verifier_text_config(model_dir))
-    data_dir.mkdir(parents=True, exist_ok=True)
-    gen = VllmHiddenStatesGenerator(str(model_dir), layer_ids=layer_ids, max_model_len=seq_len)
-    n = tokens = 0
-    try:
-        for start in range(0, len(dataset), batch_size):
-            batch = dataset[start:start + batch_size]
-            results = gen.generate(batch["input_ids"])
-            for j, res in enumerate(results):
-                ids = res["input_ids"]
-                torch.save({"input_ids": ids,
-                            "hidden_states": [h.contiguous() for h in res["hidden_states"]],
-                            "loss_mask": batch["loss_mask"][j][: len(ids)]}, data_dir / f"data_{n}.pt")
-                n += 1
-                tokens += len(ids)
-            log.info("extracted %d/%d samples", n, len(dataset))
-        config = DataGenerationConfig.from_generator(
-            generator=gen, train_data_path=str(train_data), seq_length=seq_len,
-            cache_dir=str(data_dir.parent / "hf_cache"), num_samples=n, max_samples=None, seed=0)
-        (data_dir / "data_config.json").write_text(json.dumps(config.to_dict(), indent=2))
-    finally:
-        del gen
+    with preferring_non_mla(verifier_text_config(model_dir)):
+        data_dir.mkdir(parents=True, exist_ok=True)
+        gen = VllmHiddenStatesGenerator(str(model_dir), layer_ids=layer_ids, max_model_len=seq_len)
+        n = tokens = 0
+        try:
+            for start in range(0, len(dataset), batch_size):
+                batch = dataset[start:start + batch_size]
+                results = gen.generate(batch["input_ids"])
+                for j, res in enumerate(results):
+                    ids = res["input_ids"]
+                    torch.save({"input_ids": ids,
+                                "hidden_states": [h.contiguous() for h in res["hidden_states"]],
+                                "loss_mask": batch["loss_mask"][j][: len(ids)]}, data_dir / f"data_{n}.pt")
+                    n += 1
+                    tokens += len(ids)
+                log.info("extracted %d/%d samples", n, len(dataset))
+            config = DataGenerationConfig.from_generator(
+                generator=gen, train_data_path=str(train_data), seq_length=seq_len,
+                cache_dir=str(data_dir.parent / "hf_cache"), num_samples=n, max_samples=None, seed=0)
+            (data_dir / "data_config.json").write_text(json.dumps(config.to_dict(), indent=2))
+        finally:
+            del gen
     return n, tokens
 
 

@@ -5,9 +5,10 @@ Shared by ``evaluate`` (evaluate.py, compare_drafts.py) and the demo's regenerat
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,20 @@ _OUTPUT_STEPS = "vllm:inter_token_latency_seconds"
 _OUTPUT_TOKENS = "vllm:generation_tokens"
 
 
-def engine_kwargs(target: Path, trust: bool, max_model_len: int, eager: bool, seed: int) -> dict[str, Any]:
-    """``vllm.LLM`` keyword arguments for a checked target (``trust``: :func:`.checkpoints.consent`)."""
-    from ..verify.settings import prefer_non_mla
+@contextlib.contextmanager
+def engine_settings(target: Path, trust: bool) -> Iterator[None]:
+    """The process settings the engines of a checked target start under (VLLM_MLA_DISABLE=1 for an
+    MLA model without CUDA: :func:`..verify.settings.preferring_non_mla`), reverted when the block
+    ends: enclose every engine of the command, from its start to its :func:`shutdown`."""
+    from ..verify.settings import preferring_non_mla
 
-    prefer_non_mla(text_config(target, trust))
+    with preferring_non_mla(text_config(target, trust)):
+        yield
+
+
+def engine_kwargs(target: Path, trust: bool, max_model_len: int, eager: bool, seed: int) -> dict[str, Any]:
+    """``vllm.LLM`` keyword arguments for a checked target (``trust``: :func:`.checkpoints.consent`);
+    the engine starts inside :func:`engine_settings`."""
     return dict(model=str(target), tokenizer=str(target), trust_remote_code=trust, max_model_len=max_model_len,
                 enforce_eager=eager, seed=seed, disable_log_stats=False)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 
 from .checkpoints import CheckpointError, checked_target, eagle3_draft, model_dir
-from .engine_runs import engine_kwargs, generate
+from .engine_runs import engine_kwargs, engine_settings, generate
 
 log = logging.getLogger("spec_compat")
 
@@ -161,9 +161,10 @@ def evaluate(target: str | os.PathLike[str], draft: str | os.PathLike[str], prom
     base_kw = engine_kwargs(tdir, trust, max_model_len, eager, seed)
     spec_kw = dict(base_kw, speculative_config={"method": "eagle3", "model": str(ddir),
                                                 "num_speculative_tokens": int(k)})
-    # speculative run first: a draft or engine that cannot serve fails before the reference run
-    spec, before, after, t_spec = generate(spec_kw, ids, max_tokens, ignore_eos)
-    base, _, _, t_base = generate(base_kw, ids, max_tokens, ignore_eos)
+    with engine_settings(tdir, trust):
+        # speculative run first: a draft or engine that cannot serve fails before the reference run
+        spec, before, after, t_spec = generate(spec_kw, ids, max_tokens, ignore_eos)
+        base, _, _, t_base = generate(base_kw, ids, max_tokens, ignore_eos)
     return summarise(base, spec, before, after, k, {"no_spec": round(t_base, 3), "spec": round(t_spec, 3)})
 
 

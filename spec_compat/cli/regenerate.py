@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from .checkpoints import checked_target
-from .engine_runs import engine_kwargs, shutdown
+from .engine_runs import engine_kwargs, engine_settings, shutdown
 from .evaluate import EvaluateError
 
 
@@ -40,25 +40,26 @@ def regenerate_chats(target: str | os.PathLike[str], src: str | os.PathLike[str]
     from vllm import LLM, SamplingParams
 
     tok = AutoTokenizer.from_pretrained(str(tdir), trust_remote_code=trust)
-    llm = LLM(**dict(engine_kwargs(tdir, trust, max_model_len, eager, seed), disable_log_stats=True))
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    turns = replies = tokens = 0
-    try:
-        depth = max((len(r.get(key(r), [])) for r in rows), default=0)
-        for i in range(depth):
-            todo = [r for r in rows if i < len(r.get(key(r), [])) and r[key(r)][i].get("role") == "assistant"]
-            if not todo:
-                continue
-            prompts = [tok.apply_chat_template([{"role": t["role"], "content": t["content"]} for t in r[key(r)][:i]],
-                                               add_generation_prompt=True, tokenize=True) for r in todo]
-            outs = llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
-            for r, o in zip(todo, outs):
-                r[key(r)][i] = dict(r[key(r)][i], content=tok.decode(o.outputs[0].token_ids, skip_special_tokens=True))
-                tokens += len(o.outputs[0].token_ids)
-            turns += 1
-            replies += len(todo)
-    finally:
-        shutdown(llm)
+    with engine_settings(tdir, trust):
+        llm = LLM(**dict(engine_kwargs(tdir, trust, max_model_len, eager, seed), disable_log_stats=True))
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        turns = replies = tokens = 0
+        try:
+            depth = max((len(r.get(key(r), [])) for r in rows), default=0)
+            for i in range(depth):
+                todo = [r for r in rows if i < len(r.get(key(r), [])) and r[key(r)][i].get("role") == "assistant"]
+                if not todo:
+                    continue
+                prompts = [tok.apply_chat_template([{"role": t["role"], "content": t["content"]} for t in r[key(r)][:i]],
+                                                   add_generation_prompt=True, tokenize=True) for r in todo]
+                outs = llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+                for r, o in zip(todo, outs):
+                    r[key(r)][i] = dict(r[key(r)][i], content=tok.decode(o.outputs[0].token_ids, skip_special_tokens=True))
+                    tokens += len(o.outputs[0].token_ids)
+                turns += 1
+                replies += len(todo)
+        finally:
+            shutdown(llm)
     dst_p.parent.mkdir(parents=True, exist_ok=True)
     dst_p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return {"conversations": len(rows), "replies": replies, "tokens": tokens, "turn_rounds": turns}

@@ -117,49 +117,49 @@ def _run_checks(model_dir: str, max_model_len: int, seed: int, only: Sequence[st
     from transformers import AutoConfig
 
     from ..verify.reference import load_reference_model, reference_states
-    from ..verify.settings import pinned_dtype, prefer_non_mla
+    from ..verify.settings import pinned_dtype, preferring_non_mla
 
     cfg = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     text_cfg = getattr(cfg, "text_config", cfg)
-    prefer_non_mla(text_cfg)
-    n_layers = text_cfg.num_hidden_layers
-    layer_ids = list(range(n_layers))
-    t0 = time.perf_counter()
-    with pinned_dtype("float32"):
-        gen = VllmHiddenStatesGenerator(model_dir, layer_ids=layer_ids, max_model_len=max_model_len,
-                                        tensor_parallel_size=tensor_parallel_size)
-    yield Check("engine-start", True,
-                f"{time.perf_counter() - t0:.1f}s, layers {layer_ids}, tensor parallel {tensor_parallel_size}")
-    sched = gen.vllm_config.scheduler_config
-    yield Check("synchronous-loop", not getattr(sched, "async_scheduling", False),
-                f"async_scheduling={getattr(sched, 'async_scheduling', None)}")
-    ref_model = load_reference_model(model_dir)
+    with preferring_non_mla(text_cfg):
+        n_layers = text_cfg.num_hidden_layers
+        layer_ids = list(range(n_layers))
+        t0 = time.perf_counter()
+        with pinned_dtype("float32"):
+            gen = VllmHiddenStatesGenerator(model_dir, layer_ids=layer_ids, max_model_len=max_model_len,
+                                            tensor_parallel_size=tensor_parallel_size)
+        yield Check("engine-start", True,
+                    f"{time.perf_counter() - t0:.1f}s, layers {layer_ids}, tensor parallel {tensor_parallel_size}")
+        sched = gen.vllm_config.scheduler_config
+        yield Check("synchronous-loop", not getattr(sched, "async_scheduling", False),
+                    f"async_scheduling={getattr(sched, 'async_scheduling', None)}")
+        ref_model = load_reference_model(model_dir)
 
-    def reference(ids: Sequence[int]) -> list[Any]:
-        return reference_states(ref_model, ids, layer_ids)
+        def reference(ids: Sequence[int]) -> list[Any]:
+            return reference_states(ref_model, ids, layer_ids)
 
-    try:
-        for name, calls in workloads(text_cfg.vocab_size, seed).items():
-            if only and name not in only:
-                continue
-            t = time.perf_counter()
-            ok, worst, detail = True, 0.0, ""
-            try:
-                tokens = 0
-                for batch in calls:
-                    res = gen.generate(batch)
-                    tokens += sum(len(s) for s in batch)
-                    good, w, detail = compare(res, batch, layer_ids, reference)
-                    ok, worst = ok and good, max(worst, w)
-                    if not good:
-                        break
-                detail = f"max|diff|={worst:.2e}, {tokens} tokens, {time.perf_counter() - t:.1f}s" if ok else detail
-            except Exception as exc:  # a failing shim shows up as a failing check
-                ok, detail = False, f"{type(exc).__name__}: {exc}"
-                traceback.print_exc()
-            yield Check(name, ok, detail)
-    finally:
-        del gen
+        try:
+            for name, calls in workloads(text_cfg.vocab_size, seed).items():
+                if only and name not in only:
+                    continue
+                t = time.perf_counter()
+                ok, worst, detail = True, 0.0, ""
+                try:
+                    tokens = 0
+                    for batch in calls:
+                        res = gen.generate(batch)
+                        tokens += sum(len(s) for s in batch)
+                        good, w, detail = compare(res, batch, layer_ids, reference)
+                        ok, worst = ok and good, max(worst, w)
+                        if not good:
+                            break
+                    detail = f"max|diff|={worst:.2e}, {tokens} tokens, {time.perf_counter() - t:.1f}s" if ok else detail
+                except Exception as exc:  # a failing shim shows up as a failing check
+                    ok, detail = False, f"{type(exc).__name__}: {exc}"
+                    traceback.print_exc()
+                yield Check(name, ok, detail)
+        finally:
+            del gen
 
 
 def main(model: str | None, only: Sequence[str] | None = None, seed: int = 0,

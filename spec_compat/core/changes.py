@@ -1,9 +1,11 @@
 """The undo log of one patch installation, and the wrappers it installs.
 
-Every change a patch makes to a target goes through its :class:`Changes`: an attribute replaced or
-wrapped (:meth:`Changes.setattr`, :meth:`Changes.wrap`), an item of a mapping the target reads
-(:meth:`Changes.setitem`: a registry entry, a pydantic validator), a consumer's binding adapted
-(:mod:`.bindings`).  Each is undone by :meth:`Changes.undo` and noted in :attr:`Changes.touched`,
+Every change a patch makes to a target goes through its :class:`Changes`: an attribute replaced,
+wrapped or removed (:meth:`Changes.setattr`, :meth:`Changes.wrap`, :meth:`Changes.delattr`), an item
+of a mapping the target reads (:meth:`Changes.setitem`: a registry entry, a pydantic validator,
+``sys.modules``, ``os.environ``), a call of the target's own API with the call that reverses it
+(:meth:`Changes.call`: a registry's ``register``, an entry on ``sys.meta_path``), a consumer's
+binding adapted (:mod:`.bindings`).  Each is undone by :meth:`Changes.undo` and noted in :attr:`Changes.touched`,
 which the registry reports (``Registry.touched``) and checks for undeclared stacks
 (:mod:`.stacking`)."""
 
@@ -88,6 +90,33 @@ class Changes:
         self.setattr(obj, name, wrapped)
         return wrapped
 
+    def delattr(self, obj: Any, name: str) -> None:
+        """Remove ``obj``'s own attribute ``name`` (e.g. a method a class was given, so that the
+        inherited one applies again); undo puts it back unless ``obj`` has one of its own again."""
+        old = obj.__dict__[name]
+        delattr(obj, name)
+        self.touch(obj, name, f"{dotted_name(obj)}.{name} (removed)")
+
+        def restore() -> None:
+            if name in obj.__dict__:
+                log.warning("spec_compat: %s: %s.%s was set again by someone else since it was removed; left as is",
+                            self.patch_id, dotted_name(obj), name)
+                return
+            setattr(obj, name, old)
+
+        self._undo.append(restore)
+
+    def call(self, obj: Any, key: str, do: Callable[[], Any], undo: Callable[[], None], *, label: str) -> Any:
+        """A change made through the target's own API where no one attribute or item can be set
+        (a registry's ``register``, a finder put on ``sys.meta_path``): ``do()`` makes it, ``undo()``
+        reverses it when the log is undone.  Noted as touching ``obj``/``key`` (named ``label``), like
+        :meth:`setitem`: reported, and a second applied patch changing the same ``obj``/``key`` without
+        a declared order is refused.  Returns what ``do()`` returned."""
+        result = do()
+        self._undo.append(undo)
+        self.touch(obj, key, label)
+        return result
+
     def setitem(self, mapping: Any, key: str, value: Any, *, label: str,
                 then: Callable[[], None] | None = None) -> None:
         """``mapping[key] = value`` (a registry entry, a class's validator table), undone like
@@ -100,7 +129,9 @@ class Changes:
             self._undo.append(then)
 
         def restore() -> None:
-            if mapping.get(key, _MISSING) is not value:
+            now = mapping.get(key, _MISSING)
+            # a string is compared by value: os.environ decodes a new one on every read
+            if now is not value and not (isinstance(value, str) and now == value):
                 log.warning("spec_compat: %s: %s was replaced by someone else since it was patched; left as is",
                             self.patch_id, label)
                 return
@@ -116,8 +147,11 @@ class Changes:
             then()
 
     def on_undo(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on undo.  Prefer :meth:`setattr`, :meth:`wrap` or :meth:`setitem` for a
-        change to a target: what ``fn`` undoes is neither reported nor checked for stacking."""
+        """Run ``fn`` on undo: for the primitives themselves (:mod:`.bindings`, which notes what it
+        changes with :meth:`touch`) and for steps that change nothing of a target.  A patch changes its
+        target with :meth:`setattr`, :meth:`wrap`, :meth:`delattr`, :meth:`setitem` or :meth:`call`:
+        what ``fn`` undoes is neither reported nor checked for stacking (tests/unit/test_every_change_logged.py
+        refuses an ``on_undo`` in a patch's ``install``)."""
         self._undo.append(fn)
 
     def undo(self) -> None:

@@ -34,29 +34,29 @@ def engine64(request, fixture_dir):
     from vllm.platforms.cpu import CpuPlatform
 
     from spec_compat.verify.reference import load_reference_model
-    from spec_compat.verify.settings import pinned_dtype, prefer_non_mla
+    from spec_compat.verify.settings import pinned_dtype, preferring_non_mla
 
     model_dir = str(fixture_dir(request.param))
     cfg = AutoConfig.from_pretrained(model_dir, trust_remote_code=True)
-    prefer_non_mla(getattr(cfg, "text_config", cfg))
-    platform_hook = CpuPlatform.check_and_update_config  # bound to the class (a classmethod)
+    with preferring_non_mla(getattr(cfg, "text_config", cfg)):
+        platform_hook = CpuPlatform.check_and_update_config  # bound to the class (a classmethod)
 
-    def as_on_cuda(cls, vllm_config):
-        platform_hook(vllm_config)
-        if vllm_config.cache_config.block_size % GPU_BLOCK:
-            vllm_config.cache_config.block_size = GPU_BLOCK
+        def as_on_cuda(cls, vllm_config):
+            platform_hook(vllm_config)
+            if vllm_config.cache_config.block_size % GPU_BLOCK:
+                vllm_config.cache_config.block_size = GPU_BLOCK
 
-    mp = pytest.MonkeyPatch()
-    mp.setattr(CpuPlatform, "check_and_update_config", classmethod(as_on_cuda))
-    layer_ids = [0, 1, 2, 3]
-    try:
-        with pinned_dtype("float32"):
-            gen = VllmHiddenStatesGenerator(model_dir, layer_ids=layer_ids, max_model_len=2048)
-    finally:
-        mp.undo()
-    ref = load_reference_model(model_dir)
-    yield gen, ref, layer_ids
-    gen.executor.shutdown()
+        mp = pytest.MonkeyPatch()
+        mp.setattr(CpuPlatform, "check_and_update_config", classmethod(as_on_cuda))
+        layer_ids = [0, 1, 2, 3]
+        try:
+            with pinned_dtype("float32"):
+                gen = VllmHiddenStatesGenerator(model_dir, layer_ids=layer_ids, max_model_len=2048)
+        finally:
+            mp.undo()
+        ref = load_reference_model(model_dir)
+        yield gen, ref, layer_ids
+        gen.executor.shutdown()
 
 
 def _kv_spec_block_sizes(gen) -> set[int]:

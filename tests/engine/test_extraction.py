@@ -28,18 +28,18 @@ def engine(request, fixture_dir):
     from transformers import AutoConfig
 
     from spec_compat.verify.reference import load_reference_model
-    from spec_compat.verify.settings import prefer_non_mla
+    from spec_compat.verify.settings import preferring_non_mla
     from spec_compat.verify.settings import pinned_dtype
 
     model_dir = str(fixture_dir(request.param))
     cfg = AutoConfig.from_pretrained(model_dir, trust_remote_code=True)
-    prefer_non_mla(getattr(cfg, "text_config", cfg))
-    layer_ids = [0, 1, 2, 3]
-    with pinned_dtype("float32"):
-        gen = VllmHiddenStatesGenerator(model_dir, layer_ids=layer_ids, max_model_len=2048)
-    ref = load_reference_model(model_dir)
-    yield gen, ref, layer_ids
-    gen.executor.shutdown()
+    with preferring_non_mla(getattr(cfg, "text_config", cfg)):
+        layer_ids = [0, 1, 2, 3]
+        with pinned_dtype("float32"):
+            gen = VllmHiddenStatesGenerator(model_dir, layer_ids=layer_ids, max_model_len=2048)
+        ref = load_reference_model(model_dir)
+        yield gen, ref, layer_ids
+        gen.executor.shutdown()
 
 
 @pytest.mark.parametrize("name", list(WORKLOADS))

@@ -9,6 +9,8 @@ The alias is put in place by spec-compat's ``vllm.platform_plugins`` entry point
 
 from __future__ import annotations
 
+import functools
+import sys
 from types import ModuleType
 
 from ...core.proof import Proof
@@ -58,5 +60,6 @@ class VllmCpuDistributionAlias(Patch):
 
     def install(self, module: ModuleType, changes: Changes) -> None:
         # usually already in place: the platform plugin installs it before vLLM's CLI parser
-        dist_alias.install(NAME, SOURCE, LOCAL)
-        changes.on_undo(lambda: dist_alias.remove(NAME))
+        changes.call(sys.meta_path, f"distribution {NAME}", functools.partial(dist_alias.install, NAME, SOURCE, LOCAL),
+                     functools.partial(dist_alias.remove, NAME),
+                     label=f"importlib.metadata distribution {NAME!r} (alias on sys.meta_path)")

@@ -37,6 +37,5 @@ class KimiK2DraftConfig(Patch):
     def install(self, module: ModuleType, changes: Changes) -> None:
         from transformers import DeepseekV3Config
 
-        registry = module._CONFIG_REGISTRY
-        dict.__setitem__(registry, "kimi_k2", DeepseekV3Config)
-        changes.on_undo(lambda: registry.pop("kimi_k2", None))
+        changes.setitem(module._CONFIG_REGISTRY, "kimi_k2", DeepseekV3Config,
+                        label="vllm.transformers_utils.config._CONFIG_REGISTRY['kimi_k2']")

@@ -148,5 +148,7 @@ class AttnMaskUtilsModule(Patch):
 
     def install(self, module: ModuleType, changes: Changes) -> None:
         finder = StandInFinder(ATTN_MASK_UTILS, _populate_attn_mask_utils)
-        sys.meta_path.append(finder)
-        changes.on_undo(finder.remove)
+        # what `import transformers.modeling_attn_mask_utils` gives: touched as that sys.modules item,
+        # so another patch serving the name (Changes.setitem on sys.modules) must declare its order
+        changes.call(sys.modules, ATTN_MASK_UTILS, lambda: sys.meta_path.append(finder), finder.remove,
+                     label=f"sys.modules[{ATTN_MASK_UTILS!r}] (served by a sys.meta_path finder)")

@@ -122,5 +122,7 @@ class DraftAttentionWithoutFlexBackward(Patch):
             return out.transpose(1, 2).contiguous(), None
 
         changes.setattr(module, "flex_attention_forward", flex_attention_forward)
-        registry.register("simple_flex_attention", flex_attention_forward)
-        changes.on_undo(lambda: registry.register("simple_flex_attention", inner))
+        changes.call(registry, "simple_flex_attention",
+                     lambda: registry.register("simple_flex_attention", flex_attention_forward),
+                     lambda: registry.register("simple_flex_attention", inner),
+                     label=f"{ATTENTION}.ALL_ATTENTION_FUNCTIONS['simple_flex_attention']")

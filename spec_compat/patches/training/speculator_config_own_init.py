@@ -52,15 +52,4 @@ class SpeculatorConfigOwnInit(Patch):
             sub = stack.pop()
             stack.extend(sub.__subclasses__())
             if hf_config.injected_init(sub, injector):
-                _drop_attr(changes, sub, "__init__")
-
-
-def _drop_attr(changes: Changes, cls: type, name: str) -> None:
-    old = cls.__dict__[name]
-    delattr(cls, name)
-
-    def restore() -> None:
-        if name not in cls.__dict__:
-            setattr(cls, name, old)
-
-    changes.on_undo(restore)
+                changes.delattr(sub, "__init__")

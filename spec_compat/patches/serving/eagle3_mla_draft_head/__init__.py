@@ -4,6 +4,7 @@ draft class (``mla_draft.py`` beside this declaration; vLLM imports it by name).
 
 from __future__ import annotations
 
+import functools
 from types import ModuleType
 
 from ....core.proof import Proof
@@ -42,5 +43,6 @@ class Eagle3MlaDraftHead(Patch):
     def install(self, module: ModuleType, changes: Changes) -> None:
         reg = module.ModelRegistry
         for arch in MLA_ARCHS:
-            reg.register_model(arch, MLA_CLASS)
-        changes.on_undo(lambda: [reg.models.pop(a, None) for a in MLA_ARCHS])
+            changes.call(reg.models, arch, functools.partial(reg.register_model, arch, MLA_CLASS),
+                         functools.partial(reg.models.pop, arch, None),
+                         label=f"vLLM ModelRegistry.models[{arch!r}]")

@@ -6,6 +6,8 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
+from .module_view import ModuleView
+
 
 class CpuRank(str):
     """The local rank as the stock script and Trainer use it on a machine without CUDA:
@@ -33,31 +35,24 @@ class CpuRank(str):
         return f"CpuRank({self.rank})"
 
 
-class TorchLoadView:
+def TorchLoadView(torch: ModuleType) -> ModuleView:  # noqa: N802 - the view's name
     """``torch`` as checkpointer.py sees it: ``load(map_location="cuda:0")`` without CUDA loads to cpu."""
 
-    def __init__(self, torch: ModuleType) -> None:
-        self._torch = torch
-
-    def load(self, *args: Any, **kwargs: Any) -> Any:
+    def load(*args: Any, **kwargs: Any) -> Any:
         loc = kwargs.get("map_location")
-        if isinstance(loc, str) and loc.startswith("cuda") and not self._torch.cuda.is_available():
+        if isinstance(loc, str) and loc.startswith("cuda") and not torch.cuda.is_available():
             kwargs["map_location"] = "cpu"
-        return self._torch.load(*args, **kwargs)
+        return torch.load(*args, **kwargs)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._torch, name)
+    return ModuleView(torch, load=load)
 
 
-class DistView:
+def DistView(dist: ModuleType) -> ModuleView:  # noqa: N802 - the view's name
     """``torch.distributed`` as trainer.py sees it: ``reduce(op=AVG)``, which gloo lacks, is a SUM
     followed by a division on the destination rank when the backend is gloo."""
 
-    def __init__(self, dist: ModuleType) -> None:
-        self._dist = dist
-
-    def reduce(self, tensor: Any, dst: int = 0, op: Any = None, *args: Any, **kwargs: Any) -> Any:
-        d = self._dist
+    def reduce(tensor: Any, dst: int = 0, op: Any = None, *args: Any, **kwargs: Any) -> Any:
+        d = dist
         if op is not None and op == d.ReduceOp.AVG and d.get_backend() == "gloo":
             out = d.reduce(tensor, dst, d.ReduceOp.SUM, *args, **kwargs)
             if d.get_rank() == dst:
@@ -67,30 +62,16 @@ class DistView:
             return d.reduce(tensor, dst, *args, **kwargs)
         return d.reduce(tensor, dst, op, *args, **kwargs)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._dist, name)
+    return ModuleView(dist, reduce=reduce)
 
 
-class _FusedAdamWOptim:
-    """``torch.optim`` whose AdamW defaults to ``fused=True``."""
+def TorchFusedAdamWView(torch: ModuleType) -> ModuleView:  # noqa: N802 - the view's name
+    """``torch`` as trainer.py's setup_optimizer sees it on one CUDA device: ``optim.AdamW``
+    defaults to ``fused=True``."""
+    optim = torch.optim
 
-    def __init__(self, optim: Any) -> None:
-        self._optim = optim
-
-    def AdamW(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 - torch's name
+    def AdamW(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - torch's name
         kwargs.setdefault("fused", True)
-        return self._optim.AdamW(*args, **kwargs)
+        return optim.AdamW(*args, **kwargs)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._optim, name)
-
-
-class TorchFusedAdamWView:
-    """``torch`` as trainer.py's setup_optimizer sees it on one CUDA device: AdamW is fused."""
-
-    def __init__(self, torch: ModuleType) -> None:
-        self._torch = torch
-        self.optim = _FusedAdamWOptim(torch.optim)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._torch, name)
+    return ModuleView(torch, optim=ModuleView(optim, AdamW=AdamW))

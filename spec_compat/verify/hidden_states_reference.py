@@ -11,35 +11,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .reference import _llama_4_scaling, decoder_layers
+from .reference import decoder_layers, layer_states
 
 
 def reference_rows(model: Any, token_ids: Sequence[int], layer_ids: Sequence[int]) -> Any:
     import torch
 
-    layers = decoder_layers(model)
-    n = len(layers)
+    n = len(decoder_layers(model))
     bad = [i for i in layer_ids if not 0 <= i <= n]
     if bad:
         raise ValueError(f"layer ids {bad} outside 0..{n}")
-    got: dict[int, Any] = {}
-    handles = []
-    for i in layer_ids:
-        if i < n:
-            def pre_hook(_mod: Any, args: tuple, kwargs: dict, i: int = i) -> None:
-                hidden = args[0] if args else kwargs["hidden_states"]
-                got[i] = hidden[0].detach().clone()
-
-            handles.append(layers[i].register_forward_pre_hook(pre_hook, with_kwargs=True))
-        else:
-            def hook(_mod: Any, _args: Any, out: Any, i: int = i) -> None:
-                got[i] = (out[0] if isinstance(out, tuple) else out)[0].detach().clone()
-
-            handles.append(layers[n - 1].register_forward_hook(hook))
-    try:
-        with torch.no_grad(), _llama_4_scaling(model):
-            model(torch.tensor([list(token_ids)], dtype=torch.long))
-    finally:
-        for h in handles:
-            h.remove()
-    return torch.stack([got[i] for i in layer_ids], dim=1)
+    taps = [(i, "input") if i < n else (n - 1, "output") for i in layer_ids]
+    return torch.stack(layer_states(model, token_ids, taps), dim=1)

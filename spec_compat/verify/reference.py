@@ -7,7 +7,10 @@ speculators 0.3.0 stores - through forward hooks.
 Kimi-K2.5 checkpoints (``model_type: kimi_k25``; transformers has no such model) are
 referenced by their text model alone: a transformers ``DeepseekV3ForCausalLM`` built from
 ``text_config`` and loaded with the ``language_model.*`` weights, prefix stripped (the vision
-tower and projector are not used by text-only prompts).
+tower and projector are not used by text-only prompts).  transformers 5 keeps a MoE layer's
+experts as fused tensors (``experts.gate_up_proj`` / ``experts.down_proj``), which only its
+``from_pretrained`` converts from per-expert checkpoints: there the text weights and
+``text_config`` are written to a scratch checkpoint and loaded through ``from_pretrained``.
 """
 
 from __future__ import annotations
@@ -21,14 +24,16 @@ from typing import Any
 KIMI_TEXT_PREFIX = "language_model."
 
 
-def load_reference_model(model_dir: str, dtype: str = "float32") -> Any:
+def load_reference_model(model_dir: str | Path, dtype: str = "float32") -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
     config = _read_config(model_dir)
     if config.get("model_type") == "kimi_k25":
+        if _transformers_major() >= 5:
+            return _load_kimi_text_model_tf5(model_dir, config, getattr(torch, dtype))
         return _load_kimi_text_model(model_dir, config, getattr(torch, dtype))
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=getattr(torch, dtype))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=getattr(torch, dtype))
     model.eval()
     return model
 
@@ -67,6 +72,37 @@ def _load_kimi_text_model(model_dir: str, config: dict[str, Any], dtype: Any) ->
     return model
 
 
+def _transformers_major() -> int:
+    from ..core.versions import installed_version, release_of
+
+    return release_of(installed_version("transformers") or "0").major
+
+
+def _load_kimi_text_model_tf5(model_dir: str | Path, config: dict[str, Any], dtype: Any) -> Any:
+    """The text model as transformers 5 builds it: through ``from_pretrained`` of a scratch
+    checkpoint; every tensor must be used."""
+    import tempfile
+
+    from safetensors.torch import load_file, save_file
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    state: dict[str, Any] = {}
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        for name, tensor in load_file(str(path)).items():
+            if name.startswith(KIMI_TEXT_PREFIX):
+                state[name[len(KIMI_TEXT_PREFIX):]] = tensor.contiguous()
+    with tempfile.TemporaryDirectory(prefix="kimi-text-") as tmp:
+        DeepseekV3Config(**config["text_config"]).save_pretrained(tmp)
+        save_file(state, str(Path(tmp) / "model.safetensors"))
+        model, info = DeepseekV3ForCausalLM.from_pretrained(tmp, dtype=dtype, attn_implementation="eager",
+                                                            output_loading_info=True)
+    unused = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if unused:
+        raise ValueError(f"{model_dir}: text weights do not load into transformers 5's DeepseekV3: {unused}")
+    model.eval()
+    return model
+
+
 def decoder_layers(model: Any) -> Any:
     inner = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     return inner.layers
@@ -99,21 +135,38 @@ def _llama_4_scaling(model: Any) -> Iterator[None]:
         mod.eager_attention_forward = original
 
 
-def reference_states(model: Any, token_ids: Sequence[int], layer_ids: Sequence[int]) -> list[Any]:
+def layer_states(model: Any, token_ids: Sequence[int], taps: Sequence[tuple[int, str]]) -> list[Any]:
+    """One forward of ``token_ids`` (no grad, ``llama_4_scaling`` applied); for each ``(i, where)``
+    of ``taps`` the hidden states [T, H] of the sequence at decoder layer i, ``where`` "input" (what
+    the layer is called with) or "output" (what it returns, residual included), in the order of ``taps``."""
     import torch
 
     layers = decoder_layers(model)
     got: dict[int, Any] = {}
     handles = []
-    for i in layer_ids:
-        def hook(_mod: Any, _inp: Any, out: Any, i: int = i) -> None:
-            got[i] = (out[0] if isinstance(out, tuple) else out)[0].detach().clone()
+    for j, (i, where) in enumerate(taps):
+        if where == "input":
+            def pre_hook(_mod: Any, args: tuple, kwargs: dict, j: int = j) -> None:
+                hidden = args[0] if args else kwargs["hidden_states"]
+                got[j] = hidden[0].detach().clone()
 
-        handles.append(layers[i].register_forward_hook(hook))
+            handles.append(layers[i].register_forward_pre_hook(pre_hook, with_kwargs=True))
+        elif where == "output":
+            def hook(_mod: Any, _args: Any, out: Any, j: int = j) -> None:
+                got[j] = (out[0] if isinstance(out, tuple) else out)[0].detach().clone()
+
+            handles.append(layers[i].register_forward_hook(hook))
+        else:
+            raise ValueError(f"tap {where!r}: expected 'input' or 'output'")
     try:
         with torch.no_grad(), _llama_4_scaling(model):
             model(torch.tensor([list(token_ids)], dtype=torch.long))
     finally:
         for h in handles:
             h.remove()
-    return [got[i] for i in layer_ids]
+    return [got[j] for j in range(len(taps))]
+
+
+def reference_states(model: Any, token_ids: Sequence[int], layer_ids: Sequence[int]) -> list[Any]:
+    """The output of decoder layer i for each i of ``layer_ids``."""
+    return layer_states(model, token_ids, [(i, "output") for i in layer_ids])

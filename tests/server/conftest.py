@@ -71,25 +71,10 @@ def fixture_model(tmp_path_factory):
             out = root / name
             subprocess.run([sys.executable, "-m", "spec_compat", "fixture", name, str(out)], check=True,
                            stdout=subprocess.DEVNULL)
-            if name.startswith("kimi"):
-                _video_limit(out)
             built[name] = out
         return built[name]
 
     return get
-
-
-def _video_limit(model: Path) -> None:
-    """vLLM >= 0.32's Kimi-K2.5 processor reads ``media_proc_cfg["in_patch_limit_video"]`` (the
-    total patch budget of a video; None: only the per-frame limit) when it profiles multimodal
-    inputs at startup; the fixture's processor config predates the key.  Added here, not in the
-    fixture, whose code is an input of every recorded proof (to move there at the next re-record)."""
-    import json
-
-    path = model / "preprocessor_config.json"
-    cfg = json.loads(path.read_text())
-    cfg["media_proc_cfg"].setdefault("in_patch_limit_video", None)
-    path.write_text(json.dumps(cfg, indent=2))
 
 
 def free_port() -> int:

@@ -133,7 +133,7 @@ def test_fp8_rows_lie_within_the_e4m3_bound(fp8_run, client_python, fixture):
 
     from spec_compat.verify.fp8 import check_fp8_rows
     from spec_compat.verify.hidden_states_reference import reference_rows
-    from tf5_reference import reference_model
+    from spec_compat.verify.reference import load_reference_model
 
     run = fp8_run(fixture)
     files = sorted((run["data"] / "hidden_states").glob("hs_*.safetensors"), key=lambda f: int(f.stem[3:]))
@@ -158,7 +158,7 @@ def test_fp8_rows_lie_within_the_e4m3_bound(fp8_run, client_python, fixture):
     proc = subprocess.run([client_python, "-c", _READ_FP8, str(run["data"] / "hidden_states"), str(out), str(len(files))],
                           capture_output=True, text=True, timeout=600, env=_client_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
-    model = reference_model(run["model"], "float32")
+    model = load_reference_model(run["model"], "float32")
     worst_ratio, worst_rel = 0.0, 0.0
     for i, (r, t) in enumerate(zip(raw, ids)):
         read = load_file(str(out / f"hs_{i}.safetensors"))

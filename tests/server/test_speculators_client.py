@@ -142,9 +142,9 @@ def _compare(model_dir: Path, files: list[Path], rows: list[list[int]]) -> list[
 
     from spec_compat.verify.compare import compare_states
     from spec_compat.verify.hidden_states_reference import reference_rows
-    from tf5_reference import reference_model
+    from spec_compat.verify.reference import load_reference_model
 
-    model = reference_model(model_dir, "float32")
+    model = load_reference_model(model_dir, "float32")
     worst = [0.0] * len(LAYER_IDS)
     for f, ids in zip(files, rows):
         data = load_file(str(f))

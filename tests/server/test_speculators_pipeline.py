@@ -79,9 +79,9 @@ def _target_rows(model: Path, seed: int) -> list[list[int]]:
     import torch
 
     sys.path.insert(0, str(ROOT / "tests" / "support"))
-    from tf5_reference import reference_model
+    from spec_compat.verify.reference import load_reference_model
 
-    ref = reference_model(model, "float32")
+    ref = load_reference_model(model, "float32")
     rng = random.Random(seed)
     rows = []
     with torch.no_grad():

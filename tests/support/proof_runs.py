@@ -3,7 +3,7 @@
 * :func:`proof_cases` -- the ids whose proof is a given test function (its ``pid`` parameter list),
   so every declared proof is a collected test item;
 * :class:`ProofRun` -- one proof test's bookkeeping, handed out by the ``prove`` fixture
-  (``tests/conftest.py``): which ids the stock run disabled, whether the declared symptom was seen
+  (``tests/support/proof_hooks.py``): which ids the stock run disabled, whether the declared symptom was seen
   with them off and was absent with the patch on; checked after the test passed;
 * :func:`final_error` / :func:`first_error` -- what a symptom is matched against: the error that
   ended a run, not its whole log (the rules: "the error that ended a run" below).

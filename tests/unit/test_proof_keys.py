@@ -85,7 +85,7 @@ def test_static_closure_follows_spec_compat_and_support_imports():
     assert not any(f.startswith("spec_compat/patches/") and not f.endswith("__init__.py") for f in files), files
     # the helpers a server proof borrows from a sibling test module (serve_args, _post, _written)
     native = static_closure([ROOT / "tests" / "server" / "test_native_cpu.py"])
-    assert "tests/server/test_speculators_client.py" in native and "tests/support/tf5_reference.py" in native
+    assert "tests/server/test_speculators_client.py" in native and "spec_compat/verify/reference.py" in native
 
 
 VERSIONS = {"main": {d: "1.0" for d in KEY_DISTRIBUTIONS}}

@@ -8,34 +8,16 @@ from typing import Any
 
 from ...core.proof import Proof, SELFTEST
 from ...core.registry import Changes, Patch, TargetChanged, register
+from ...shims.module_view import ModuleView
 from ...shims.swap import swapped
 from .. import _guards as guard
 from ._kimi_k25 import CLS, KIMI, VLLM_015
 
 
-class _CudaView:
-    """``torch.cuda`` whose ``current_device()`` names the platform's device."""
-
-    def __init__(self, cuda: Any, device: Any) -> None:
-        self._cuda = cuda
-        self._device = device
-
-    def current_device(self) -> Any:
-        return self._device
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._cuda, name)
-
-
-class _TorchView:
-    """``torch`` as kimi_k25.py sees it during one ``__init__`` call without CUDA."""
-
-    def __init__(self, torch: ModuleType, device: Any) -> None:
-        self._torch = torch
-        self.cuda = _CudaView(torch.cuda, device)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._torch, name)
+def _TorchView(torch: ModuleType, device: Any) -> ModuleView:  # noqa: N802 - the view's name
+    """``torch`` as kimi_k25.py sees it during one ``__init__`` call without CUDA: its
+    ``torch.cuda.current_device()`` names the platform's device."""
+    return ModuleView(torch, cuda=ModuleView(torch.cuda, current_device=lambda: device))
 
 
 def _platform_device() -> Any:

@@ -13,6 +13,7 @@ from typing import Any
 
 from ...core.proof import Proof, SELFTEST
 from ...core.registry import Changes, Patch, TargetChanged, register
+from ...shims.module_view import ModuleView
 from ._generator_target import GENERATOR
 from ._platform_memory import platform_mem_get_info
 from ..ranges import SPEC_03
@@ -41,35 +42,18 @@ class KvCacheMemoryFromPlatform(Patch):
         changes.setattr(module, "torch", TorchView(module.torch, self.id))
 
 
-class _CudaView:
-    """``torch.cuda`` with ``mem_get_info`` answered by :func:`platform_mem_get_info`."""
+def TorchView(torch: ModuleType, patch_id: str) -> ModuleView:  # noqa: N802 - the view's name
+    """Stands in for the ``torch`` module inside one consumer module: ``torch.cuda.mem_get_info``
+    answered by :func:`platform_mem_get_info` and ``empty_cache`` a no-op when CUDA is absent."""
+    cuda = torch.cuda
 
-    def __init__(self, cuda: ModuleType, patch_id: str) -> None:
-        self._cuda = cuda
-        self._patch_id = patch_id
+    def mem_get_info(*args: Any) -> tuple[int, int]:
+        if args or cuda.is_available():
+            return cuda.mem_get_info(*args)
+        return platform_mem_get_info(patch_id)
 
-    def mem_get_info(self, *args: Any) -> tuple[int, int]:
-        if args or self._cuda.is_available():
-            return self._cuda.mem_get_info(*args)
-        return platform_mem_get_info(self._patch_id)
+    def empty_cache() -> None:
+        if cuda.is_available():
+            cuda.empty_cache()
 
-    def empty_cache(self) -> None:
-        if self._cuda.is_available():
-            self._cuda.empty_cache()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._cuda, name)
-
-
-class TorchView:
-    """Stands in for the ``torch`` module inside one consumer module."""
-
-    def __init__(self, torch: ModuleType, patch_id: str) -> None:
-        self._torch = torch
-        self.cuda = _CudaView(torch.cuda, patch_id)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._torch, name)
-
-    def __repr__(self) -> str:
-        return f"<spec_compat view of {self._torch!r}>"
+    return ModuleView(torch, cuda=ModuleView(cuda, mem_get_info=mem_get_info, empty_cache=empty_cache))

@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from ...core.registry import Changes, NotNeeded, Patch, TargetChanged
+from ...shims.module_view import ModuleView
 from .. import _guards as guard
 
 CPU_RUNNER = "vllm.v1.worker.cpu_model_runner"
@@ -66,21 +67,16 @@ def kernel_arg_names(kernel: Any) -> list[str] | None:
         return None
 
 
-class TritonHelpers:
+def _next_power_of_2(n: int) -> int:
+    n = int(n)
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def TritonHelpers(placeholder: Any) -> ModuleView:  # noqa: N802 - the view's name
     """Stands in for a module's ``triton`` name where Triton is disabled: vLLM's
     placeholder module lacks the host-side helper ``next_power_of_2`` that the
     launch sites call before launching; everything else is delegated."""
-
-    def __init__(self, placeholder: Any) -> None:
-        self._placeholder = placeholder
-
-    @staticmethod
-    def next_power_of_2(n: int) -> int:
-        n = int(n)
-        return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._placeholder, name)
+    return ModuleView(placeholder, next_power_of_2=_next_power_of_2)
 
 
 def _spans(cu_num_tokens: Any) -> list[tuple[int, int]]:

@@ -16,32 +16,21 @@ from typing import Any
 from ...core.proof import Proof
 from ...core.registry import Changes, Patch, TargetChanged, register
 from ...shims.device import accelerator_available
+from ...shims.module_view import ModuleView
 from .. import _guards as guard
 from ._spec09 import SPEC09_TRAINING, SPEC_09, TRAINER_09
 
 
-class _AcceleratorView:
-    def __init__(self, accelerator: Any) -> None:
-        self._accelerator = accelerator
+def TorchAcceleratorView(torch: ModuleType) -> ModuleView:  # noqa: N802 - the view's name
+    """``torch`` whose ``accelerator.synchronize()`` is a no-op without a usable accelerator."""
+    accelerator = torch.accelerator
 
-    def synchronize(self, *args: Any, **kwargs: Any) -> None:
+    def synchronize(*args: Any, **kwargs: Any) -> None:
         if args or kwargs or accelerator_available():  # a device argument: torch's own answer
-            return self._accelerator.synchronize(*args, **kwargs)
+            return accelerator.synchronize(*args, **kwargs)
         return None
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._accelerator, name)
-
-
-class TorchAcceleratorView:
-    """``torch`` whose ``accelerator.synchronize()`` is a no-op without a usable accelerator."""
-
-    def __init__(self, torch: ModuleType) -> None:
-        self._torch = torch
-        self.accelerator = _AcceleratorView(torch.accelerator)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._torch, name)
+    return ModuleView(torch, accelerator=ModuleView(accelerator, synchronize=synchronize))
 
 
 @register

@@ -60,7 +60,7 @@ def prepare_data(out: Path, model_name: str, layers: int) -> tuple[Path, dict]:
         model = build(model_name, out / "model")
         layer_ids = [0, 1, 2, 3]
     regen = out / "regenerated_chat.jsonl"
-    regenerate_chats(model, DEMO_DATA, regen, max_model_len=1024)
+    regenerate_chats(model, DEMO_DATA, regen, max_model_len=1024, trust_remote_code=True)
     dataset = preprocess(model, regen, out, 1024)
     extract(model, dataset, out / "hidden_states", layer_ids, 1024, 16, regen)
     captured = json.loads((out / "hidden_states" / "data_config.json").read_text())
@@ -101,7 +101,7 @@ def main() -> int:
     rows = []
     untrained = step("untrained", {"model_dir": str(model), "vocab_dir": str(out / "vocab_mapping"),
                                    "out": str(out / "untrained"), "aux_layer_ids": None})
-    ev = evaluate(model, untrained["path"], k=3, max_model_len=1024)
+    ev = evaluate(model, untrained["path"], k=3, max_model_len=1024, trust_remote_code=True)
     rows.append({"variant": "untrained (fresh init, vLLM default aux layers)", "disabled": "", **ev.as_dict()})
     for name, disable in VARIANTS.items():
         save = out / ("draft-" + (disable.replace(",", "+") or "all-on"))

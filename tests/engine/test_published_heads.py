@@ -74,7 +74,7 @@ def _compare(target: Path, *drafts: Path, extra: tuple[str, ...] = ()) -> tuple[
     env = {k: v for k, v in os.environ.items() if k != "SPEC_COMPAT_DISABLE"}
     args = [a for d in drafts for a in ("--draft", str(d))]
     proc = subprocess.run([sys.executable, "-m", "spec_compat", "evaluate", "--target", str(target), *args,
-                           "--json", *extra], env=env, capture_output=True, text=True, timeout=1500, cwd=str(ROOT))
+                           "--json", "--trust-remote-code", *extra], env=env, capture_output=True, text=True, timeout=1500, cwd=str(ROOT))
     return proc, (json.loads(proc.stdout) if proc.returncode == 0 else None)
 
 

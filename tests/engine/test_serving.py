@@ -55,7 +55,7 @@ def run_evaluate(target: Path, draft: Path, *extra: str, disable: str | None = N
     if disable:
         env["SPEC_COMPAT_DISABLE"] = disable
     proc = subprocess.run([sys.executable, "-m", "spec_compat", "evaluate", "--target", str(target),
-                           "--draft", str(draft), "--json", *extra], env=env, capture_output=True, text=True,
+                           "--draft", str(draft), "--json", "--trust-remote-code", *extra], env=env, capture_output=True, text=True,
                           timeout=timeout, cwd=str(ROOT))
     res = None
     if proc.returncode == 0:

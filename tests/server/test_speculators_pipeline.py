@@ -146,7 +146,7 @@ def _evaluate(model: Path, draft: Path, prompts: Path, disable: str | None = Non
         env["SPEC_COMPAT_DISABLE"] = disable
     proc = subprocess.run([sys.executable, "-m", "spec_compat", "evaluate", "--target", str(model), "--draft",
                            str(draft), "--prompts", str(prompts), "--k", str(K), "--max-tokens", str(EVAL_TOKENS),
-                           "--max-model-len", "512", "--json"],
+                           "--max-model-len", "512", "--json", "--trust-remote-code"],
                           capture_output=True, text=True, timeout=900, env=env, cwd=str(ROOT))
     lines = proc.stdout.strip().splitlines()
     return proc, (json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None)

@@ -115,17 +115,12 @@ def _tokenizer_path_is_trusted(class_source: str) -> str:
 
 @register
 class TokenizerTrustRemoteCode(Patch):
-    """speculators (generator:84) loads the tokenizer without ``trust_remote_code``
-    while it loads the same model's config and vLLM ModelConfig WITH it; Kimi-K2.5's
-    tokenizer is remote code (tiktoken) -> ValueError before the engine starts.
-    Trust is never widened: applied only where the guard finds speculators' own
-    ``AutoConfig.from_pretrained(path, trust_remote_code=True)`` (literal ``True``, run
-    whenever ``__init__`` runs) and ``ModelConfig(model=path, trust_remote_code=True)`` on
-    the very path the tokenizer loads (else ``target-changed``, the tokenizer loaded as
-    speculators asks); and at run time only that one call, from the generator's
-    ``__init__`` with that same path object, gets ``trust_remote_code=True`` - any other
-    caller of the module's ``AutoTokenizer``, another path or an explicit
-    ``trust_remote_code`` goes through unchanged."""
+    """speculators (generator:84) loads the tokenizer bare while it loads the same model's config and
+    vLLM ModelConfig with ``trust_remote_code=True``; Kimi-K2.5's tokenizer is remote code -> ValueError.
+    Trust is never widened: applied only where speculators' own unconditional ``AutoConfig(path,
+    trust_remote_code=True)`` and ``ModelConfig`` trust the very path the tokenizer loads (else
+    ``target-changed``), and only the generator's own ``__init__`` load of that path gets it; any
+    other caller, another path or an explicit ``trust_remote_code`` is passed through unchanged."""
 
     id = "tokenizer-trust-remote-code"
     proof = Proof("fails", SELFTEST, r"ValueError: The repository \S+ contains custom code which must be executed to correctly load the model", using="kimi-k25 short")

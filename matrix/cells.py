@@ -204,6 +204,9 @@ CELLS: dict[str, Cell] = {
                 ("tests/engine/test_published_heads.py",
                  "published EAGLE-3 heads served by vLLM 0.16 (spec-compat's serving patches, no speculators code "
                  "but convert's): the 0.3 cell, same vLLM"),
+                ("tests/engine/test_real_model.py",
+                 "the real SmolLM2-135M on vLLM 0.16 (conversion, greedy parity, ShareGPT rows): the 0.3 cell, "
+                 "same vLLM; matrix/run records it here"),
             ),
         ),
         Cell(

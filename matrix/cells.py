@@ -63,11 +63,13 @@ HS_CONNECTORS_0_9 = ("hs-connectors==0.9.0", "mooncake-transfer-engine-non-cuda=
 #: cell, nothing of the environment under test): CI runs it in the first cell only
 WALKTHROUGH_ELSEWHERE = ("tests/unit/test_add_a_patch.py::test_walkthrough",
                          "the README's patch walkthrough (tools/regenerate on a copy): the 0.3 cell")
-#: the proof-key machinery on every recorded proof of every cell (a copy of all their inputs, ~22 s a
-#: cell; the records it reads are the same in every cell): CI runs it in the first cell only
+#: the proof-key machinery on every recorded proof of every cell (a copy of all their inputs, ~20 s a
+#: cell and test; the records it reads are the same in every cell): CI runs both planted-change tests
+#: (a support file, a patch unit) in the first cell only (a node-id prefix: pytest deselects by prefix)
 PLANTED_KEY_ELSEWHERE = (
-    "tests/unit/test_proof_keys.py::test_a_planted_change_in_a_support_file_moves_exactly_the_proofs_that_loaded_it",
-    "a planted support-file change moves exactly its proofs' keys (all cells' records, ~22 s): the 0.3 cell")
+    "tests/unit/test_proof_keys.py::test_a_planted_change_in_",
+    "a planted support-file or patch-unit change moves exactly its proofs' keys (all cells' records, ~20 s "
+    "each): the 0.3 cell")
 #: published-head checks CI leaves to matrix/run in every vLLM cell that serves the heads
 PUBLISHED_HEADS_RECORDED = (
     ("tests/engine/test_published_heads.py::test_unfit_heads_are_refused_naming_both_sides",

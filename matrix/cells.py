@@ -71,6 +71,12 @@ PLANTED_KEY_ELSEWHERE = tuple(
      f"a planted {what} change moves exactly its proofs' keys (all cells' records, ~20 s): the 0.3 cell")
     for test, what in (("test_a_planted_change_in_a_support_file_moves_exactly_the_proofs_that_loaded_it", "support-file"),
                        ("test_a_planted_change_in_one_patch_unit_moves_exactly_its_proofs", "patch-unit")))
+#: the smollm2 tokenizer built from the real GGUF (~20 s a cell: it reads the 98 MB file): CI builds it under
+#: transformers 4.57 (the 0.3 cell) and 5.24 (the tf5 cell); the cells with the same or a neighbouring
+#: transformers leave it to matrix/run
+SMOLLM2_TOKENIZER_ELSEWHERE = ("tests/unit/test_smollm2_fixture.py",
+                               "the smollm2 tokenizer from the real GGUF (~20 s): CI builds it under transformers "
+                               "4.57 in the 0.3 cell and 5.24 in the tf5 cell; matrix/run records it here")
 #: published-head checks CI leaves to matrix/run in every vLLM cell that serves the heads
 PUBLISHED_HEADS_RECORDED = (
     ("tests/engine/test_published_heads.py::test_unfit_heads_are_refused_naming_both_sides",
@@ -198,6 +204,7 @@ CELLS: dict[str, Cell] = {
                    "64-token blocks on Kimi-K2.5: CI runs Llama here; matrix/run records both fixtures")
                   for t in ("test_the_engine_runs_the_gpu_block_size", "test_rows_equal_the_reference_with_64_token_blocks")),
                 WALKTHROUGH_ELSEWHERE,
+                SMOLLM2_TOKENIZER_ELSEWHERE,
                 KIMI_FULL_REGISTRY_ELSEWHERE,
                 ("tests/engine/test_heads_compared.py", "published heads on vLLM 0.16: the 0.3 cell, same vLLM"),
                 # vLLM's extraction API backport (ehs-*, scoped by vLLM alone; no speculators code runs):
@@ -278,7 +285,7 @@ CELLS: dict[str, Cell] = {
                 ("tests/server/test_backend_mismatch.py",
                  "the trainer reading fp8 files with each backend (speculators 0.9.0 + hs-connectors 0.9.0, no vLLM "
                  "involved): CI runs it in spec0.9.0-vllm0.16.0's client env, the same versions"),
-                WALKTHROUGH_ELSEWHERE, *PLANTED_KEY_ELSEWHERE,
+                WALKTHROUGH_ELSEWHERE, *PLANTED_KEY_ELSEWHERE, SMOLLM2_TOKENIZER_ELSEWHERE,
             ),
         ),
         # Server and client apart, as upstream's tutorial runs them: speculators 0.9.0 (transformers
@@ -295,7 +302,7 @@ CELLS: dict[str, Cell] = {
             extra=HS_CONNECTORS_0_9,
             tests=("tests/unit", "tests/server"),
             in_ci=True,
-            ci_deselect=(WALKTHROUGH_ELSEWHERE, *PLANTED_KEY_ELSEWHERE,
+            ci_deselect=(WALKTHROUGH_ELSEWHERE, *PLANTED_KEY_ELSEWHERE, SMOLLM2_TOKENIZER_ELSEWHERE,
                          ("tests/server/test_fp8_acceptance.py",
                           "drafts trained on fp8 vs unquantized rows, served side by side (the pipeline again plus "
                           "a training and a serving run per fixture, ~17 min): matrix/run records it; CI trains on "

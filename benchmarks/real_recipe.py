@@ -43,7 +43,10 @@ def smollm2_dir(cache: Path) -> Path:
     return out
 
 
-def chats(n: int, turns: int, eval_prompts: int) -> tuple[list[dict], list[dict], dict]:
+def chats(n: int, turns: int, eval_prompts: int, tokenizer, max_prompt: int) -> tuple[list[dict], list[dict], dict]:
+    """The first ``n`` usable train conversations and ``eval_prompts`` held-out first user turns; a
+    conversation whose turns before its last assistant turn render to more than ``max_prompt`` tokens
+    is left out (and counted): regeneration needs room for the reply within the model length."""
     from spec_compat.fixtures.sharegpt import read_sharegpt, split_sharegpt
 
     role = {"human": "user", "gpt": "assistant", "system": "system"}
@@ -58,10 +61,30 @@ def chats(n: int, turns: int, eval_prompts: int) -> tuple[list[dict], list[dict]
         return {"id": c["id"], "conversations": [{"role": role[t["from"]], "content": t["value"]}
                                                  for t in c["conversations"][:upto]]}
 
-    tr = [as_chat(c, turns) for c in train if usable(c)][:n]
-    ev = [{"messages": as_chat(c, 1)["conversations"]} for c in held if usable(c)][:eval_prompts]
+    def fits(chat: dict) -> bool:
+        turns_ = chat["conversations"]
+        last = max(i for i, t in enumerate(turns_) if t["role"] == "assistant")
+        ids = tokenizer.apply_chat_template(turns_[:last], add_generation_prompt=True, tokenize=True)
+        return len(ids) <= max_prompt
+
+    tr, too_long = [], 0
+    for c in train:
+        if len(tr) >= n:
+            break
+        if usable(c):
+            chat = as_chat(c, turns)
+            if fits(chat):
+                tr.append(chat)
+            else:
+                too_long += 1
+    ev = []
+    for c in held:
+        if len(ev) >= eval_prompts:
+            break
+        if usable(c) and fits(as_chat(c, 2)):
+            ev.append({"messages": as_chat(c, 1)["conversations"]})
     return tr, ev, {"read": report.line(), "elements": report.elements, "conversations": report.conversations,
-                    "train_split": len(train), "held_out_split": len(held)}
+                    "train_split": len(train), "held_out_split": len(held), "left_out_too_long": too_long}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,7 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
     model = step("checkpoint", lambda: smollm2_dir(cache))
-    tr, ev, result["sharegpt"] = step("sharegpt", lambda: chats(args.conversations, args.turns, args.eval_prompts))
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    tr, ev, result["sharegpt"] = step("sharegpt", lambda: chats(args.conversations, args.turns, args.eval_prompts,
+                                                                tok, args.seq_len - args.max_new - 16))
     src = out / "train_chats.jsonl"
     src.write_text("".join(json.dumps(c) + "\n" for c in tr))
     prompts = out / "eval_prompts.jsonl"

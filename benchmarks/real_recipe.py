@@ -17,39 +17,19 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("real_recipe")
-
-
-def smollm2_dir(cache: Path) -> Path:
-    import hashlib
-
-    import transformers
-
-    h = hashlib.sha256()
-    for name in ("smollm2.py", "wheels.py"):
-        h.update((ROOT / "spec_compat" / "fixtures" / name).read_bytes())
-    h.update(transformers.__version__.encode())
-    out = cache / f"smollm2-{h.hexdigest()[:16]}"
-    if not (out / "spec_compat_fixture.json").exists():
-        tmp = cache / f".{out.name}.tmp"
-        subprocess.run([sys.executable, "-m", "spec_compat", "fixture", "smollm2", str(tmp)], check=True)
-        tmp.rename(out)
-    return out
 
 
 def chats(n: int, turns: int, eval_prompts: int, tokenizer, max_prompt: int) -> tuple[list[dict], list[dict], dict]:
     """The first ``n`` usable train conversations and ``eval_prompts`` held-out first user turns; a
     conversation whose turns before its last assistant turn render to more than ``max_prompt`` tokens
     is left out (and counted): regeneration needs room for the reply within the model length."""
-    from spec_compat.fixtures.sharegpt import read_sharegpt, split_sharegpt
+    from spec_compat.fixtures.sharegpt import chat_messages, read_sharegpt, split_sharegpt
 
-    role = {"human": "user", "gpt": "assistant", "system": "system"}
     convs, report = read_sharegpt()
     train, held = split_sharegpt(convs)
 
@@ -58,8 +38,7 @@ def chats(n: int, turns: int, eval_prompts: int, tokenizer, max_prompt: int) -> 
         return len(t) >= 2 and t[0]["from"] == "human" and t[1]["from"] == "gpt" and t[0]["value"].strip() != ""
 
     def as_chat(c: dict, upto: int) -> dict:
-        return {"id": c["id"], "conversations": [{"role": role[t["from"]], "content": t["value"]}
-                                                 for t in c["conversations"][:upto]]}
+        return {"id": c["id"], "conversations": chat_messages(c, upto)}
 
     def fits(chat: dict) -> bool:
         turns_ = chat["conversations"]
@@ -124,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
 
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
-    model = step("checkpoint", lambda: smollm2_dir(cache))
+    from spec_compat.fixtures.smollm2 import cached_checkpoint
+
+    model = step("checkpoint", lambda: cached_checkpoint(cache))
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)

@@ -16,18 +16,15 @@ the converter's code, the wheel and the transformers version (one ~55 s conversi
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from spec_compat.fixtures.sharegpt import chat_messages
+
 pytestmark = pytest.mark.engine
 
-ROOT = Path(__file__).resolve().parents[2]
 #: held-out prompts, their first user turn cut to this many characters, and new tokens per prompt
 N_PROMPTS, PROMPT_CHARS, NEW_TOKENS = 6, 600, 24
 #: conversations whose rows are compared, cut to this many tokens
@@ -39,30 +36,12 @@ TIE = 0.02
 REL = 1e-4
 
 
-def _cache_key() -> str:
-    import transformers
-
-    h = hashlib.sha256()
-    for name in ("smollm2.py", "wheels.py"):
-        h.update((ROOT / "spec_compat" / "fixtures" / name).read_bytes())
-    h.update(transformers.__version__.encode())
-    return h.hexdigest()[:16]
-
-
 @pytest.fixture(scope="module")
 def smollm2() -> Path:
     """The converted checkpoint, built by the CLI as a user would, once per key."""
-    root = Path(os.environ.get("SPEC_COMPAT_REAL_CACHE", Path.home() / ".cache" / "spec-compat" / "real"))
-    out = root / f"smollm2-{_cache_key()}"
-    if not (out / "spec_compat_fixture.json").exists():
-        tmp = root / f".{out.name}.{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        proc = subprocess.run([sys.executable, "-m", "spec_compat", "fixture", "smollm2", str(tmp)],
-                              capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-    return out
+    from spec_compat.fixtures.smollm2 import cached_checkpoint
+
+    return cached_checkpoint(os.environ.get("SPEC_COMPAT_REAL_CACHE", Path.home() / ".cache" / "spec-compat" / "real"))
 
 
 @pytest.fixture(scope="module")
@@ -91,13 +70,8 @@ def reference(smollm2):
     return load_reference_model(smollm2)
 
 
-def _messages(conv: dict, turns: int | None = None) -> list[dict]:
-    role = {"human": "user", "gpt": "assistant", "system": "system"}
-    return [{"role": role[t["from"]], "content": t["value"]} for t in conv["conversations"][:turns]]
-
-
 def _prompt_ids(tokenizer, conv: dict) -> list[int]:
-    first = dict(_messages(conv, 1)[0])
+    first = dict(chat_messages(conv, 1)[0])
     first["content"] = first["content"][:PROMPT_CHARS]
     text = tokenizer.apply_chat_template([first], tokenize=False, add_generation_prompt=True)
     return tokenizer(text)["input_ids"]
@@ -160,7 +134,7 @@ def test_stock_rows_of_sharegpt_chats_equal_transformers(smollm2, tokenizer, hel
 
     batch = []
     for conv in held_out[N_PROMPTS:N_PROMPTS + N_ROWS]:
-        text = tokenizer.apply_chat_template(_messages(conv), tokenize=False)
+        text = tokenizer.apply_chat_template(chat_messages(conv), tokenize=False)
         ids = tokenizer(text)["input_ids"][:ROW_TOKENS]
         assert ids[0] == tokenizer.bos_token_id and ids[1] != tokenizer.bos_token_id
         batch.append(ids)

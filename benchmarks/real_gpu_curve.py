@@ -23,6 +23,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -136,11 +137,11 @@ def data_dir(root: Path, n: int, samples, masks, hs_all: Path, vocab: int) -> Pa
     return d
 
 
-def train(ckpt: Path, d: Path, work: Path, args) -> dict:
+def train(ckpt: Path, d: Path, work: Path, args, seed: int) -> dict:
     cmd = [*args.launcher.split(), "train", "--verifier-name-or-path", str(ckpt), "--data-path", str(d),
            "--save-path", str(work / "ckpt"), "--log-dir", str(work / "logs"), "--draft-vocab-size",
            str(args.draft_vocab), "--total-seq-len", str(args.total_seq_len), "--epochs", str(args.epochs),
-           "--on-missing", "raise", "--seed", "0", *args.trainer_args]
+           "--on-missing", "raise", "--seed", str(seed), *args.trainer_args]
     log.info("running %s", " ".join(cmd))
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, COLUMNS="3000", TERM="dumb"))
@@ -178,6 +179,12 @@ def pack(work: Path, verifier_embed, out: Path, name: str) -> dict:
             "val_metrics": json.loads(metrics.read_text()) if metrics.exists() else None}
 
 
+def point(label: str) -> tuple[int, int]:
+    """``"512"`` -> (512 conversations, seed 0); ``"512s1"`` -> (512, seed 1)."""
+    n, _, seed = label.partition("s")
+    return int(n), int(seed or 0)
+
+
 def run(args) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -204,7 +211,7 @@ def run(args) -> int:
     hs_all = work / "hidden_states"
     if not (work / "samples.json").exists():
         chats = [json.loads(x) for x in (d / "prompts.jsonl").read_text().splitlines() if x.strip()]
-        chats = chats[:max(int(p) for p in args.points.split(","))]
+        chats = chats[:max(point(p)[0] for p in args.points.split(","))]
         prompts = [tok.apply_chat_template(c["conversations"][:1], add_generation_prompt=True, tokenize=True)
                    for c in chats]
         prompts = [list(p["input_ids"]) if isinstance(p, dict) or hasattr(p, "keys") else list(p) for p in prompts]
@@ -224,19 +231,24 @@ def run(args) -> int:
                           "stopped": sum(1 for r in replies if r and r[-1] == tok.eos_token_id)}
     sm = json.loads((work / "samples.json").read_text())
     embed = model.get_input_embeddings().weight.detach()
-    for n in [int(p) for p in args.points.split(",")]:
-        if str(n) in result["points"]:
+    for label in args.points.split(","):
+        n, seed = point(label)
+        if label in result["points"]:
             continue
-        pw = work / f"point{n}"
+        pw = work / f"point{label}"
         pw.mkdir(exist_ok=True)
-        dd = data_dir(pw, n, sm["samples"], sm["masks"], hs_all, model.config.vocab_size)
+        for partial in ("ckpt", "logs"):  # a run cut short before this point was recorded
+            shutil.rmtree(pw / partial, ignore_errors=True)
+        dd = data_dir(pw, n, sm["samples"], sm["masks"], hs_all, model.config.vocab_size) if not (
+            pw / f"data{n}").exists() else pw / f"data{n}"
         t0 = time.perf_counter()
-        info = train(ckpt, dd, pw, args)
+        info = train(ckpt, dd, pw, args, seed)
         info["tokens"] = sum(len(s) for s in sm["samples"][:n])
         info["reply_tokens"] = sum(sum(m) for m in sm["masks"][:n])
-        info.update(pack(pw, embed, work / "ret", f"draft{n}"))
+        info["seed"] = seed
+        info.update(pack(pw, embed, work / "ret", f"draft{label}"))
         info["total_seconds"] = round(time.perf_counter() - t0, 1)
-        result["points"][str(n)] = info
+        result["points"][label] = info
         state.write_text(json.dumps(result))
         log.info("point %d: %s", n, {k: info[k] for k in ("seconds", "tokens", "embed_equal_verifier")})
     if args.device == "cuda":

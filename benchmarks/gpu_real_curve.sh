@@ -17,7 +17,7 @@ case $1 in
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
     mkdir -p /tmp/persist/gpu && cp -n .gpu/b/prompts.jsonl .gpu/b/fingerprint.json /tmp/persist/gpu/ 2>/dev/null
     timeout "$secs" python3 benchmarks/real_gpu_curve.py run --dir /tmp/persist/gpu --work /tmp/rgc --out "$OUT" \
-      --points "${POINTS:-64,512,4096,4096s1}" 2>&1 | grep -v 'it/s\]' | tail -40
+      --points "${POINTS:-64,512,4096,4096s1}" --launcher "python3 -m spec_compat run /tmp/site/bin/speculators" 2>&1 | grep -v 'it/s\]' | tail -40
     for n in "$@"; do cp /tmp/rgc/ret/draft"$n".* "$OUT"/ 2>/dev/null; done
     cp /tmp/rgc/state.json "$OUT"/state.json 2>/dev/null
     for p in /tmp/rgc/point*; do [ -f "$p/train.log" ] && cp "$p/train.log" "$OUT/train_$(basename "$p").log"; done

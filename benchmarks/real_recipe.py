@@ -25,45 +25,10 @@ log = logging.getLogger("real_recipe")
 
 
 def chats(n: int, turns: int, eval_prompts: int, tokenizer, max_prompt: int) -> tuple[list[dict], list[dict], dict]:
-    """The first ``n`` usable train conversations and ``eval_prompts`` held-out first user turns; a
-    conversation whose turns before its last assistant turn render to more than ``max_prompt`` tokens
-    is left out (and counted): regeneration needs room for the reply within the model length."""
-    from spec_compat.fixtures.sharegpt import chat_messages, read_sharegpt, split_sharegpt
+    """The recipe's train conversations and held-out prompts (spec_compat.fixtures.sharegpt.recipe_chats)."""
+    from spec_compat.fixtures.sharegpt import recipe_chats
 
-    convs, report = read_sharegpt()
-    train, held = split_sharegpt(convs)
-
-    def usable(c: dict) -> bool:
-        t = c["conversations"]
-        return len(t) >= 2 and t[0]["from"] == "human" and t[1]["from"] == "gpt" and t[0]["value"].strip() != ""
-
-    def as_chat(c: dict, upto: int) -> dict:
-        return {"id": c["id"], "conversations": chat_messages(c, upto)}
-
-    def fits(chat: dict) -> bool:
-        turns_ = chat["conversations"]
-        last = max(i for i, t in enumerate(turns_) if t["role"] == "assistant")
-        ids = tokenizer.apply_chat_template(turns_[:last], add_generation_prompt=True, tokenize=True)
-        return len(ids) <= max_prompt
-
-    tr, too_long = [], 0
-    for c in train:
-        if len(tr) >= n:
-            break
-        if usable(c):
-            chat = as_chat(c, turns)
-            if fits(chat):
-                tr.append(chat)
-            else:
-                too_long += 1
-    ev = []
-    for c in held:
-        if len(ev) >= eval_prompts:
-            break
-        if usable(c) and fits(as_chat(c, 2)):
-            ev.append({"messages": as_chat(c, 1)["conversations"]})
-    return tr, ev, {"read": report.line(), "elements": report.elements, "conversations": report.conversations,
-                    "train_split": len(train), "held_out_split": len(held), "left_out_too_long": too_long}
+    return recipe_chats(n, turns, eval_prompts, tokenizer, max_prompt)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,46 +21,18 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .console import Progress, VerboseProgress, logs_to_file, progress_for, stdout_to_stderr
+from .demo_result import DemoResult, patch_report, reload_draft
 from .demo_steps import DEMO_DATA, MetricCollector, extract, preprocess, train, verifier_text_config, vocab_mapping
 
 log = logging.getLogger("spec_compat")
 
 LOG_NAME = "demo.log"
-FIXTURE_OF = {"llama": "llama", "kimi-k25": "kimi-k25", "kimi": "kimi-k25"}
-
-
-@dataclass
-class DemoResult:
-    out: Path
-    model_dir: Path
-    data_dir: Path
-    draft_dir: Path
-    samples: int = 0
-    tokens: int = 0
-    layer_ids: list[int] = field(default_factory=list)
-    aux_layer_ids: list[int] | None = None
-    losses: list[float] = field(default_factory=list)
-    val_losses: list[float] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
-    regenerated: dict[str, int] | None = None
-    evaluation: dict[str, Any] | None = None
-    #: why the serving step did not run (vLLM without speculative decoding on this platform)
-    evaluation_skipped: str | None = None
-    #: patch statuses counted (``report``) and the ids applied in this process
-    patches: dict[str, Any] | None = None
-    #: the log file of the run (None with ``--verbose``)
-    log: Path | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        for k in ("out", "model_dir", "data_dir", "draft_dir", "log"):
-            d[k] = None if d[k] is None else str(d[k])
-        return d
+FIXTURE_OF = {"llama": "llama", "kimi-k25": "kimi-k25", "kimi": "kimi-k25", "smollm2": "smollm2"}
+__all__ = ["DemoResult", "check_out", "run_demo", "summary"]
 
 
 def check_out(model: str, out: str | os.PathLike[str] | None,
@@ -69,7 +41,7 @@ def check_out(model: str, out: str | os.PathLike[str] | None,
     FileNotFoundError or FileExistsError (an output directory holding earlier results)."""
     fixture = FIXTURE_OF.get(model)
     if fixture is None:
-        raise ValueError(f"unknown demo model {model!r}: use llama or kimi-k25")
+        raise ValueError(f"unknown demo model {model!r}: use llama, kimi-k25 or smollm2")
     out_dir = Path(out or Path.cwd() / "spec-compat-demo" / fixture).resolve()
     jsonl = Path(data) if data else DEMO_DATA
     if not jsonl.is_file():
@@ -80,20 +52,31 @@ def check_out(model: str, out: str | os.PathLike[str] | None,
     return fixture, out_dir, jsonl
 
 
-def run_demo(model: str = "llama", out: str | os.PathLike[str] | None = None, epochs: int = 24,
-             seq_len: int = 1024, total_seq_len: int = 1024, draft_vocab: int = 256, lr: float = 3e-3,
+def run_demo(model: str = "llama", out: str | os.PathLike[str] | None = None, epochs: int | None = None,
+             seq_len: int = 1024, total_seq_len: int = 1024, draft_vocab: int = 256, lr: float | None = None,
              batch_size: int = 16, data: str | os.PathLike[str] | None = None, regenerate: bool = True,
              evaluate: bool = True, k: int = 3,
-             progress: Callable[[int], Progress] = VerboseProgress) -> DemoResult:
+             progress: Callable[[int], Progress] = VerboseProgress, conversations: int = 64,
+             eval_prompts: int = 40) -> DemoResult:
     """Run the pipeline; returns what it produced and measured.  Raises on any failed step.
 
     ``regenerate``: the assistant turns of the chat data are first rewritten by the target itself
     (greedy, vLLM), so the draft learns the target's own distribution.  ``evaluate``: the saved
     draft is served as EAGLE-3 speculator (``spec-compat evaluate``) on held-out prompts.
+    ``model="smollm2"``: the real model and ShareGPT (:mod:`.demo_real`; ``conversations`` and
+    ``eval_prompts`` size it; ``epochs``/``lr`` default to 10 and 3e-4 there, 24 and 3e-3 for the fixtures;
+    the fixtures' other settings do not apply).
     ``progress(total)`` reports the steps (default: a line when each starts and ends, on stderr)."""
     import spec_compat  # noqa: F401  (the registry is applied before speculators is imported)
 
     fixture, out_dir, jsonl = check_out(model, out, data)
+    if fixture == "smollm2":
+        from .demo_real import LR, run_real_demo
+
+        return run_real_demo(out_dir, conversations=conversations, epochs=10 if epochs is None else epochs,
+                             lr=LR if lr is None else lr, eval_prompts=eval_prompts, k=k,
+                             regenerate=regenerate, evaluate=evaluate, progress=progress)
+    epochs, lr = 24 if epochs is None else epochs, 3e-3 if lr is None else lr
     res = DemoResult(out=out_dir, model_dir=out_dir / "model", data_dir=out_dir / "hidden_states",
                      draft_dir=out_dir / "draft")
     res.draft_dir.mkdir(parents=True, exist_ok=True)
@@ -134,14 +117,8 @@ def _steps(p: Progress, res: DemoResult, fixture: str, jsonl: Path, epochs: int,
                           collector))
     res.losses, res.val_losses = collector.train, collector.val
 
-    def reload() -> Any:
-        from speculators.models.eagle3 import Eagle3DraftModel
-
-        last = max((d for d in res.draft_dir.iterdir() if d.name.isdigit()), key=lambda d: int(d.name))
-        draft = Eagle3DraftModel.from_pretrained(str(last))
-        return last, draft.config.eagle_aux_hidden_state_layer_ids
-
-    last, res.aux_layer_ids = p.step("reload the saved draft (Eagle3DraftModel.from_pretrained)", reload)
+    last, res.aux_layer_ids = p.step("reload the saved draft (Eagle3DraftModel.from_pretrained)",
+                                     lambda: reload_draft(res.draft_dir))
     res.draft_dir = last
     if evaluate:
         from .evaluate import evaluate as serve_and_measure, serving_unsupported
@@ -155,18 +132,7 @@ def _steps(p: Progress, res: DemoResult, fixture: str, jsonl: Path, epochs: int,
                                 lambda: serve_and_measure(res.model_dir, last, k=k, max_model_len=seq_len,
                                                           trust_remote_code=True).as_dict())
 
-    def report() -> dict[str, Any]:
-        from .report import report_data
-
-        data = report_data()
-        counts: dict[str, int] = {}
-        for r in data["patches"]:
-            counts[r["status"]] = counts.get(r["status"], 0) + 1
-        applied = [r["id"] for r in data["patches"] if r["status"] == "applied"]
-        log.info("patches: %s; applied here: %s", counts, ", ".join(applied))
-        return {"counts": counts, "applied": applied}
-
-    res.patches = p.step("report", report)
+    res.patches = p.step("report", patch_report)
 
 
 def summary(res: DemoResult) -> str:
@@ -174,7 +140,8 @@ def summary(res: DemoResult) -> str:
     last = sum(res.losses[-3:]) / max(1, len(res.losses[-3:]))
     return "\n".join([
         f"model:            {res.model_dir}",
-        f"hidden states:    {res.samples} samples, {res.tokens} tokens, layers {res.layer_ids} -> {res.data_dir}",
+        f"hidden states:    {res.samples} samples, {res.tokens} tokens, layers {res.layer_ids or 'speculators default'} "
+        f"-> {res.data_dir}",
         f"training:         {len(res.losses)} steps, loss {first:.3f} (first 3) -> {last:.3f} (last 3)"
         + (f", val loss {res.val_losses[0]:.3f} -> {res.val_losses[-1]:.3f}" if res.val_losses else ""),
         f"draft:            {res.draft_dir} (eagle_aux_hidden_state_layer_ids={res.aux_layer_ids})",
@@ -195,12 +162,17 @@ def _evaluation_table(data: dict[str, Any]) -> str:
 
 
 def add_arguments(command: str, d: argparse.ArgumentParser) -> None:
-    d.add_argument("--model", default="llama", choices=["llama", "kimi-k25"], help="fixture to use (default llama); kimi-k25 ships remote code (its "
-                   "configuration and tokenizer), which the demo wrote itself and so runs without --trust-remote-code")
+    d.add_argument("--model", default="llama", choices=["llama", "kimi-k25", "smollm2"],
+                   help="fixture to use (default llama); kimi-k25 ships remote code (its configuration and tokenizer), "
+                        "which the demo wrote itself and so runs without --trust-remote-code; smollm2: the real "
+                        "SmolLM2-135M-Instruct and ShareGPT chats (about an hour here at the defaults: see README)")
+    d.add_argument("--conversations", type=int, default=64,
+                   help="smollm2: ShareGPT train conversations (default 64; time grows about linearly)")
+    d.add_argument("--eval-prompts", type=int, default=40, help="smollm2: held-out prompts served (default 40)")
     d.add_argument("--out", default=None, help="output directory, must not hold earlier results "
                                                "(default ./spec-compat-demo/MODEL)")
-    d.add_argument("--epochs", type=int, default=24, help="training epochs (default 24)")
-    d.add_argument("--lr", type=float, default=3e-3, help="learning rate (default 3e-3)")
+    d.add_argument("--epochs", type=int, default=None, help="training epochs (default 24; smollm2: 10)")
+    d.add_argument("--lr", type=float, default=None, help="learning rate (default 3e-3; smollm2: 3e-4)")
     d.add_argument("--regenerate", action=argparse.BooleanOptionalAction, default=True,
                    help="rewrite the chats' assistant turns with the target (vLLM, greedy) before extraction, "
                         "so the draft learns the target's own distribution (default: on)")
@@ -217,7 +189,8 @@ def add_arguments(command: str, d: argparse.ArgumentParser) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     def run(steps: Callable[[int], Progress]) -> DemoResult:
         return run_demo(args.model, args.out, epochs=args.epochs, lr=args.lr, regenerate=args.regenerate,
-                        evaluate=args.evaluate, k=args.k, progress=steps)
+                        evaluate=args.evaluate, k=args.k, progress=steps, conversations=args.conversations,
+                        eval_prompts=args.eval_prompts)
 
     try:
         _, out_dir, _ = check_out(args.model, args.out)

@@ -289,6 +289,55 @@ def join(args) -> int:
     return 0
 
 
+def last_val(log_text: str) -> dict[str, float]:
+    """The last ``val/...`` metrics line of a trainer log."""
+    import re
+
+    lines = [ln for ln in log_text.splitlines() if "val/loss_0_epoch=" in ln]
+    return {k: float(v) for k, v in re.findall(r"val/([a-z_0-9]+)=([-0-9.e+]+)", lines[-1])} if lines else {}
+
+
+def collect(args) -> int:
+    """Here: the device's record (``curve.json``, the trainer logs), the ``spec-compat evaluate --json``
+    results for each k and the CPU point into one JSON; prints the markdown table."""
+    d = Path(args.dir)
+    curve = json.loads((d / "curve.json").read_text())
+    cpu = json.loads(Path(args.cpu_point).read_text())
+    out: dict = {"device": curve.get("device"), "gpu": curve, "cpu_point": {"file": args.cpu_point,
+                 "tokens": cpu["tokens"], "evaluate": cpu["evaluate"]}, "points": {}, "notes": args.note}
+    for label, info in curve["points"].items():
+        logf = next((f for f in (d / f"train_point{label}.log", d / f"train_point{label}.tail.log") if f.exists()), d / "-")
+        info["val_last"] = last_val(logf.read_text(errors="replace")) if logf.exists() else None
+        info.pop("log_tail", None)
+    evals: dict[str, dict] = {}
+    for spec in args.eval:
+        k, _, path = spec.partition("=")
+        for row in json.loads(Path(path).read_text())["drafts"]:
+            evals.setdefault(Path(row["draft"]).name if "draft" in Path(row["draft"]).name else "cpu64",
+                             {})[k] = row
+    out["evaluate"] = evals
+    rows = ["| draft | trainer, rows | conversations | tokens | val acc 1/2/3 (last epoch) | k | mean acc. length | "
+            "rate | per position | lossless |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, by_k in evals.items():
+        label = name.removeprefix("draft")
+        info = curve["points"].get(label)
+        for k, r in sorted(by_k.items()):
+            if info:
+                v = info.get("val_last") or {}
+                acc = "/".join(f"{v.get(f'full_acc_{i}_epoch', float('nan')):.3f}" for i in range(3))
+                who, n, toks = f"0.9.0 `speculators train` ({out['device']}), transformers rows", \
+                    label.split("s")[0], info["tokens"]
+                who += f", seed {info.get('seed', 0)}"
+            else:
+                who, n, toks, acc = "0.3.0 Trainer (CPU), vLLM 0.16 rows", "64", cpu["tokens"], "-"
+            pp = "/".join(f"{x:.3f}" for x in r["per_position"])
+            rows.append(f"| {name} | {who} | {n} | {toks:,} | {acc} | {k} | {r['mean_acceptance_length']:.3f} | "
+                        f"{r['acceptance_rate']:.3f} | {pp} | {'yes' if r['lossless'] else 'NO'} |")
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print("\n".join(rows))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -312,9 +361,15 @@ def main(argv: list[str] | None = None) -> int:
     j = sub.add_parser("join")
     j.add_argument("--dir", required=True)
     j.add_argument("--target", required=True, help="the verifier checkpoint here (named in the draft's config)")
+    c = sub.add_parser("collect")
+    c.add_argument("--dir", required=True, help="the device's files (curve.json, train_point*.log)")
+    c.add_argument("--eval", action="append", default=[], help="K=PATH of spec-compat evaluate --json (repeat)")
+    c.add_argument("--cpu-point", default="benchmarks/results/real_recipe_smollm2_64.json")
+    c.add_argument("--note", default="")
+    c.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[real_gpu_curve %(asctime)s] %(message)s", datefmt="%H:%M:%S")
-    return {"prep": prep, "run": run, "join": join}[args.cmd](args)
+    return {"prep": prep, "run": run, "join": join, "collect": collect}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -45,15 +45,14 @@ def fingerprint(model_dir: Path) -> dict[str, list[float]]:
 def prep(args) -> int:
     """Here: the first ``--chats`` usable train prompts (first user turn, rendered prompt within
     ``--max-prompt`` tokens) and the converted checkpoint's fingerprint, into ``--dir``."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from real_recipe import chats
     from transformers import AutoTokenizer
 
+    from spec_compat.fixtures.sharegpt import recipe_chats
     from spec_compat.fixtures.smollm2 import cached_checkpoint
 
-    model = cached_checkpoint(Path.home() / ".cache" / "spec-compat" / "real")
+    model = cached_checkpoint()
     tok = AutoTokenizer.from_pretrained(model)
-    tr, ev, rep = chats(args.chats, 2, 40, tok, args.max_prompt)
+    tr, ev, rep = recipe_chats(args.chats, 2, 40, tok, args.max_prompt)
     d = Path(args.dir)
     d.mkdir(parents=True, exist_ok=True)
     (d / "prompts.jsonl").write_text("".join(json.dumps({"id": c["id"], "conversations": c["conversations"][:1]}) + "\n"
@@ -266,7 +265,7 @@ def join(args) -> int:
     from spec_compat.fixtures.smollm2 import cached_checkpoint
 
     d = Path(args.dir)
-    verifier = load_file(str(cached_checkpoint(Path.home() / ".cache" / "spec-compat" / "real") / "model.safetensors"))
+    verifier = load_file(str(cached_checkpoint() / "model.safetensors"))
     for cfg in sorted(d.glob("draft*.config.json")):
         name = cfg.name.split(".")[0]
         parts = sorted(d.glob(f"{name}.part*"), key=lambda p: int(p.suffix[5:]))

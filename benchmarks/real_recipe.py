@@ -4,7 +4,7 @@ by vLLM on held-out ShareGPT prompts (greedy, lossless; acceptance per position)
 
     python benchmarks/real_recipe.py --conversations 64 --out /tmp/real64 --json results/real_recipe_64.json
 
-Steps (each timed): the smollm2 checkpoint (cached as in tests/engine/test_real_model.py) -> the first
+Steps (each timed): the smollm2 checkpoint (cached_checkpoint, as in tests/engine/test_real_model.py) -> the first
 N conversations of ShareGPT's train split (first ``--turns`` turns) -> their assistant turns regenerated
 by the target (vLLM, greedy, at most ``--max-new`` tokens each) -> speculators' preprocessing -> stock
 ``VllmHiddenStatesGenerator`` rows of speculators' default layers -> vocabulary mapping -> the EAGLE-3
@@ -24,13 +24,6 @@ from pathlib import Path
 log = logging.getLogger("real_recipe")
 
 
-def chats(n: int, turns: int, eval_prompts: int, tokenizer, max_prompt: int) -> tuple[list[dict], list[dict], dict]:
-    """The recipe's train conversations and held-out prompts (spec_compat.fixtures.sharegpt.recipe_chats)."""
-    from spec_compat.fixtures.sharegpt import recipe_chats
-
-    return recipe_chats(n, turns, eval_prompts, tokenizer, max_prompt)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--conversations", type=int, default=64)
@@ -45,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", default="3", help="comma-separated speculative token counts (default 3)")
     ap.add_argument("--no-regenerate", action="store_true")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--cache", default=str(Path.home() / ".cache" / "spec-compat" / "real"))
+    ap.add_argument("--cache", default=None, help="converted checkpoints (default $SPEC_COMPAT_REAL_CACHE or "
+                                                  "~/.cache/spec-compat/real)")
     ap.add_argument("--json", default=None, help="write the result here")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[real_recipe %(asctime)s] %(message)s", datefmt="%H:%M:%S")
@@ -66,15 +60,14 @@ def main(argv: list[str] | None = None) -> int:
         log.info("%s: %.1f s", name, timings[name])
         return value
 
-    cache = Path(args.cache)
-    cache.mkdir(parents=True, exist_ok=True)
+    from spec_compat.fixtures.sharegpt import recipe_chats
     from spec_compat.fixtures.smollm2 import cached_checkpoint
 
-    model = step("checkpoint", lambda: cached_checkpoint(cache))
+    model = step("checkpoint", lambda: cached_checkpoint(args.cache))
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
-    tr, ev, result["sharegpt"] = step("sharegpt", lambda: chats(args.conversations, args.turns, args.eval_prompts,
+    tr, ev, result["sharegpt"] = step("sharegpt", lambda: recipe_chats(args.conversations, args.turns, args.eval_prompts,
                                                                 tok, args.seq_len - args.max_new - 16))
     src = out / "train_chats.jsonl"
     src.write_text("".join(json.dumps(c) + "\n" for c in tr))

@@ -15,10 +15,10 @@ step's size and the rates measured there (:data:`RATES`); the total is printed f
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 
+from ..fixtures.smollm2 import REAL_CACHE
 from .console import Progress
 from .demo_result import DemoResult, patch_report, reload_draft
 from .demo_steps import MetricCollector, extract, preprocess, train, vocab_mapping
@@ -31,7 +31,6 @@ TOKENS_PER_CONVERSATION = 17663 / 64
 #: one vLLM engine start here (30-80 s measured); regenerate and extract start one, evaluate two
 ENGINE_START = 60.0
 SEQ_LEN, MAX_NEW, DRAFT_VOCAB, LR = 768, 192, 16384, 3e-4  # as benchmarks/real_recipe.py
-REAL_CACHE = Path(os.environ.get("SPEC_COMPAT_REAL_CACHE", Path.home() / ".cache" / "spec-compat" / "real"))
 
 
 def estimate(conversations: int, epochs: int, eval_prompts: int) -> dict[str, float]:

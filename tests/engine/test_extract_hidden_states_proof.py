@@ -21,14 +21,10 @@ LAYER_IDS = [0, 2, 4]
 
 
 def _backport_range_holds() -> bool:
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
-
-    from spec_compat.core.versions import installed_version
+    from spec_compat.core.versions import in_range, installed_version
     from spec_compat.patches.hidden_states import VLLM_WITHOUT_EHS
 
-    vllm = installed_version("vllm")
-    return vllm is None or Version(vllm) in SpecifierSet(VLLM_WITHOUT_EHS)  # None: vllm_only skips
+    return in_range(installed_version("vllm"), VLLM_WITHOUT_EHS) is not False  # None (no vLLM): vllm_only skips
 
 
 # another vLLM has no such method to backport (0.11 refuses it in SpeculativeConfig; >= 0.17 has its own)

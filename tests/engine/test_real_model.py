@@ -16,7 +16,6 @@ the converter's code, the wheel and the transformers version (one ~55 s conversi
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -41,7 +40,7 @@ def smollm2() -> Path:
     """The converted checkpoint, built by the CLI as a user would, once per key."""
     from spec_compat.fixtures.smollm2 import cached_checkpoint
 
-    return cached_checkpoint(os.environ.get("SPEC_COMPAT_REAL_CACHE", Path.home() / ".cache" / "spec-compat" / "real"))
+    return cached_checkpoint()
 
 
 @pytest.fixture(scope="module")

@@ -225,14 +225,11 @@ def test_hooks_are_removable():
 @pytest.fixture(scope="module")
 def vc():
     pytest.importorskip("vllm")
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
-
-    from spec_compat.core.versions import installed_version
+    from spec_compat.core.versions import in_range, installed_version
     from spec_compat.patches.hidden_states import VLLM_WITHOUT_EHS
 
     vllm = installed_version("vllm")
-    if vllm is None or Version(vllm) not in SpecifierSet(VLLM_WITHOUT_EHS):
+    if not in_range(vllm, VLLM_WITHOUT_EHS):
         pytest.skip(f"the extract_hidden_states backport's connector is for vllm{VLLM_WITHOUT_EHS}; installed: {vllm} "
                     "(its KV-connector base class differs)")
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata, KVConnectorRole

@@ -93,13 +93,16 @@ def regenerate(model, tok, prompts: list[list[int]], max_new: int, batch: int, d
     return out
 
 
-def rows(model, samples: list[list[int]], hs_dir: Path, dev: str) -> None:
+def rows(model, samples: list[list[int]], hs_dir: Path, dev: str, outputs_dir: Path | None = None) -> None:
     """``hidden_states/hs_{i}.safetensors``: [T, 4, H] bf16 (inputs of the AUX layers, then the last
-    layer's output before the final norm) and ``token_ids`` [T], as 0.9.0's offline data holds them."""
+    layer's output before the final norm) and ``token_ids`` [T], as 0.9.0's offline data holds them;
+    with ``outputs_dir``, the same forward's *outputs* of the AUX layers there too (defect O6)."""
     import torch
     from safetensors.torch import save_file
 
     hs_dir.mkdir(parents=True, exist_ok=True)
+    if outputs_dir:
+        outputs_dir.mkdir(parents=True, exist_ok=True)
     last: list = []
     hook = model.model.norm.register_forward_pre_hook(lambda mod, inp: last.append(inp[0]))
     try:
@@ -113,6 +116,10 @@ def rows(model, samples: list[list[int]], hs_dir: Path, dev: str) -> None:
             if not torch.isfinite(stacked.float()).all() or stacked.shape[0] != len(ids):
                 raise RuntimeError(f"sample {i}: bad rows {tuple(stacked.shape)} for {len(ids)} tokens")
             save_file({"hidden_states": stacked, "token_ids": t[0].cpu()}, str(hs_dir / f"hs_{i}.safetensors"))
+            if outputs_dir:
+                o = torch.stack([out.hidden_states[a + 1][0] for a in AUX] + [last[0][0]], dim=1)
+                save_file({"hidden_states": o.to(torch.bfloat16).cpu().contiguous(), "token_ids": t[0].cpu()},
+                          str(outputs_dir / f"hs_{i}.safetensors"))
     finally:
         hook.remove()
 
@@ -136,8 +143,8 @@ def data_dir(root: Path, n: int, samples, masks, hs_all: Path, vocab: int) -> Pa
     return d
 
 
-def train(ckpt: Path, d: Path, work: Path, args, seed: int) -> dict:
-    cmd = [*args.launcher.split(), "train", "--verifier-name-or-path", str(ckpt), "--data-path", str(d),
+def train(ckpt: Path, d: Path, work: Path, args, seed: int, launcher: str | None = None) -> dict:
+    cmd = [*(launcher or args.launcher).split(), "train", "--verifier-name-or-path", str(ckpt), "--data-path", str(d),
            "--save-path", str(work / "ckpt"), "--log-dir", str(work / "logs"), "--draft-vocab-size",
            str(args.draft_vocab), "--total-seq-len", str(args.total_seq_len), "--epochs", str(args.epochs),
            "--on-missing", "raise", "--seed", str(seed), *args.trainer_args]
@@ -184,7 +191,9 @@ def point(label: str) -> tuple[int, int]:
     return int(n), int(seed or 0)
 
 
-def run(args) -> int:
+def prepare(args, outputs_too: bool = False):
+    """The converted target (checked against the CPU machine's fingerprint), the regenerated samples and
+    their rows in ``--work`` (kept: a second call resumes)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -221,14 +230,26 @@ def run(args) -> int:
         t["regenerate"] = round(time.perf_counter() - t0, 1)
         samples = [p + r for p, r in zip(prompts, replies)]
         masks = [[0] * len(p) + [1] * len(r) for p, r in zip(prompts, replies)]
-        t0 = time.perf_counter()
-        rows(model, samples, hs_all, args.device)
-        t["rows"] = round(time.perf_counter() - t0, 1)
         (work / "samples.json").write_text(json.dumps({"samples": samples, "masks": masks}))
         result["data"] = {"conversations": len(samples), "tokens": sum(map(len, samples)),
                           "reply_tokens": sum(map(sum, masks)),
                           "stopped": sum(1 for r in replies if r and r[-1] == tok.eos_token_id)}
+        state.write_text(json.dumps(result))
     sm = json.loads((work / "samples.json").read_text())
+    if not (work / "rows.done").exists():  # a call cut short here resumes with the same samples
+        t0 = time.perf_counter()
+        rows(model, sm["samples"], hs_all, args.device, work / "hidden_states_outputs" if outputs_too else None)
+        t["rows"] = round(time.perf_counter() - t0, 1)
+        (work / "rows.done").touch()
+        state.write_text(json.dumps(result))
+    return result, state, ckpt, tok, model, sm, hs_all
+
+
+def run(args) -> int:
+    import torch
+
+    out, work = Path(args.out), Path(args.work)
+    result, state, ckpt, tok, model, sm, hs_all = prepare(args)
     embed = model.get_input_embeddings().weight.detach()
     for label in args.points.split(","):
         n, seed = point(label)

@@ -198,6 +198,27 @@ def build(name: str, root: Path, samples, masks, dirs: dict[str, Path], tok, voc
     return d, info
 
 
+def export_sample(d: Path, tar: Path, n: int = 6) -> None:
+    """The first ``n`` samples of data directory ``d`` (dataset, rows, ``token_freq.pt``) as a tar, for
+    ``spec-compat doctor --data`` here (it reads a sample)."""
+    import shutil
+    import tarfile
+
+    from datasets import load_from_disk
+
+    tmp = tar.with_suffix(".dir") / d.name
+    shutil.rmtree(tmp.parent, ignore_errors=True)
+    load_from_disk(str(d)).select(range(n)).save_to_disk(str(tmp))
+    (tmp / "hidden_states").mkdir()
+    for i in range(n):
+        shutil.copyfile(d / "hidden_states" / f"hs_{i}.safetensors", tmp / "hidden_states" / f"hs_{i}.safetensors")
+    shutil.copyfile(d / "token_freq.pt", tmp / "token_freq.pt")
+    tar.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(tar, "w") as t:
+        t.add(tmp, arcname=d.name)
+    shutil.rmtree(tmp.parent)
+
+
 def o7_train(argv: list[str]) -> int:
     """``real_defects.py o7-train SCRIPT ARGS...``: speculators' CLI under spec-compat with the trainer's
     targets taken without the final norm (speculators < 0.4's ``Eagle3DraftModel.forward``)."""
@@ -256,6 +277,7 @@ def run(args) -> int:
         d, info = build(v, pw, samples, masks, dirs, tok, vocab)
         info["build_seconds"] = round(time.perf_counter() - t0, 1)
         built[v] = (pw, d, info)
+        export_sample(d, work / "ret" / f"sample_{v}.tar")
         log.info("%s: %s", v, info)
     o7 = f"{sys.executable} {Path(__file__).resolve()} o7-train {args.launcher.split()[-1]}"
     with ThreadPoolExecutor(max(1, len(todo))) as ex:

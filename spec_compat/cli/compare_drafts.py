@@ -25,6 +25,11 @@ from .checkpoints import TRUST_FLAG, TRUST_HELP, CheckpointError, checked_target
 from .engine_runs import engine_kwargs, engine_settings, generate
 from .evaluate import EvalResult, EvaluateError, evaluate, load_prompts, serving_unsupported, summarise, table
 
+#: the commands this module defines (spec_compat.cli discovers them): name -> one-line help
+COMMANDS = {
+    'evaluate': 'serve EAGLE-3 drafts in vLLM: greedy outputs with and without each must be identical; prints acceptance length, acceptance rate and per-position acceptance, one row per draft',
+}
+
 log = logging.getLogger("spec_compat")
 
 

@@ -28,6 +28,11 @@ from .console import Progress, VerboseProgress, logs_to_file, progress_for, stdo
 from .demo_result import DemoResult, patch_report, reload_draft
 from .demo_steps import DEMO_DATA, MetricCollector, extract, preprocess, train, verifier_text_config, vocab_mapping
 
+#: the commands this module defines (spec_compat.cli discovers them): name -> one-line help
+COMMANDS = {
+    'demo': 'the stock pipeline on a tiny fixture: regenerate chats with the target, preprocess, extract (vLLM), vocab mapping, train an EAGLE-3 draft, reload it, serve it (evaluate), report',
+}
+
 log = logging.getLogger("spec_compat")
 
 LOG_NAME = "demo.log"

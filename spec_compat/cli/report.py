@@ -15,6 +15,12 @@ from .. import REGISTRY, __version__, apply, installed_versions
 from ..core.registry import Status
 from .console import stdout_to_stderr
 
+#: the commands this module defines (spec_compat.cli discovers them): name -> one-line help
+COMMANDS = {
+    'report': 'installed versions and the status of every patch',
+    'patches': 'list the registered patches (nothing is imported or applied)',
+}
+
 log = logging.getLogger("spec_compat")
 
 def report_modules() -> tuple[str, ...]:

@@ -9,6 +9,11 @@ import sys
 
 from .. import apply
 
+#: the commands this module defines (spec_compat.cli discovers them): name -> one-line help
+COMMANDS = {
+    'run': 'run a script with the registry applied (like ddtrace-run)',
+}
+
 #: the script ``spec-compat run`` is running (its real path), None before and outside it: the
 #: patches that act only on a stock script run this way (``launch-vllm-trust-remote-code``) read it
 SCRIPT: str | None = None

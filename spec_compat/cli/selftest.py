@@ -24,6 +24,11 @@ from typing import Any
 
 from .checkpoints import TRUST_FLAG, TRUST_HELP
 
+#: the commands this module defines (spec_compat.cli discovers them): name -> one-line help
+COMMANDS = {
+    'selftest': 'stock extraction in this environment vs a transformers reference',
+}
+
 log = logging.getLogger("spec_compat")
 
 TOLERANCE = 1e-5

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from spec_compat.cli import COMMANDS, command_of, main, parser
+from spec_compat.cli import command_of, commands, main, parser
 from spec_compat.fixtures.published_heads import HEADS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ def test_a_command_imports_its_module_only():
 
 def test_the_whole_parser_has_every_commands_arguments(capsys):
     p = parser()
-    for name in COMMANDS:
+    for name in commands():
         with pytest.raises(SystemExit) as exc:
             p.parse_args([name, "--help"])
         assert exc.value.code == 0
@@ -86,3 +86,21 @@ def test_help_names_every_switch():
     epilog = parser(only="").epilog or ""
     missing = [var for var in SWITCHES if var not in epilog]
     assert not missing, f"spec-compat --help does not name {missing}"
+
+
+def test_commands_are_discovered_from_their_modules_declarations(tmp_path):
+    """A command is one module with a ``COMMANDS`` literal: the package names none of them itself, so
+    adding a command changes no file another command's run imports (a proof's key stays)."""
+    from spec_compat import cli
+
+    init = (Path(cli.__file__)).read_text()
+    code = "\n".join(ln for ln in init.split('"""')[-1].splitlines() if not ln.lstrip().startswith("#"))
+    for name, (module, _) in commands().items():
+        assert f'"{name}"' not in code and f"'{name}'" not in code, f"cli/__init__.py names the command {name!r}"
+        assert cli._declared(Path(cli.__file__).with_name(f"{module}.py"))[name]
+    mod = tmp_path / "extra.py"
+    mod.write_text('"""x"""\n\nCOMMANDS = {\n    "one": "first",\n    "two": "second",\n}\n\nVALUE = 1\n')
+    assert cli._declared(mod) == {"one": "first", "two": "second"}
+    (tmp_path / "none.py").write_text("X = 1\n")
+    assert cli._declared(tmp_path / "none.py") == {}
+    assert set(commands()) >= {"report", "patches", "run", "selftest", "demo", "evaluate", "fixture"}

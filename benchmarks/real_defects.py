@@ -268,6 +268,7 @@ def run(args) -> int:
     vocab = model.config.vocab_size
     del model
     torch.cuda.empty_cache()
+    no_train = set(args.no_train.split(",")) if args.no_train else set()
     todo = [v for v in variants if v not in res]
     built = {}
     for v in todo:
@@ -277,9 +278,12 @@ def run(args) -> int:
         d, info = build(v, pw, samples, masks, dirs, tok, vocab)
         info["build_seconds"] = round(time.perf_counter() - t0, 1)
         built[v] = (pw, d, info)
-        export_sample(d, work / "ret" / f"sample_{v}.tar")
+        export_sample(d, work / "ret" / f"sample_{v}.tar", args.export_samples)
         log.info("%s: %s", v, info)
     o7 = f"{sys.executable} {Path(__file__).resolve()} o7-train {args.launcher.split()[-1]}"
+    for v in [v for v in todo if v in no_train]:
+        res[v] = {**built[v][2], "trained": False}
+    todo = [v for v in todo if v not in no_train]
     with ThreadPoolExecutor(max(1, len(todo))) as ex:
         futs = {v: ex.submit(rgc.train, ckpt, built[v][1], built[v][0], args, args.seed, o7 if v == "o7" else None)
                 for v in todo}
@@ -314,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--chats", type=int, default=4096)
     r.add_argument("--variants", default=",".join(VARIANTS))
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--no-train", default="", help="variants only built and exported (e.g. clean: its draft exists)")
+    r.add_argument("--export-samples", type=int, default=4, help="samples per variant in ret/sample_V.tar")
     r.add_argument("--max-new", type=int, default=192)
     r.add_argument("--batch", type=int, default=256)
     r.add_argument("--epochs", type=int, default=10)

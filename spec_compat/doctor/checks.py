@@ -167,7 +167,8 @@ def tokens(inp: Inputs) -> Finding:
             break
         pre.append(t)
     header = _assistant_header(tok)
-    end = {t for t in (tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")) if isinstance(t, int) and t >= 0}
+    end = {t for t in (tok.eos_token_id, tok.get_vocab().get("<|im_end|>"), tok.get_vocab().get("<|eot_id|>"))
+           if isinstance(t, int)}
     two_bos = [s.index for s in data.samples if bos is not None and s.input_ids[:2] == [bos, bos]]
     other_open = [s.index for s in data.samples if s.input_ids[:len(pre) - 2] != pre[:len(pre) - 2]
                   and s.index not in two_bos]

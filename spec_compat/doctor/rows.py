@@ -82,7 +82,7 @@ def compare(model: Any, samples: list[Any]) -> RowsFinding:
         names = list(cands)
         ref = _unit(torch.stack([cands[k] for k in names]))  # [C, T, H]
         f.samples += 1
-        own_slot0 = None
+        placed = None
         for slot in range(rows.shape[1]):
             sims = torch.einsum("rh,cth->crt", _unit(rows[:, slot]), ref)  # [C, R, T]
             row_best = sims.max(dim=2).values  # [C, R]: each row's best match among a candidate's states
@@ -92,15 +92,17 @@ def compare(model: Any, samples: list[Any]) -> RowsFinding:
             c = int(hits.argmax())
             per_slot.setdefault(slot, Counter())[names[c] if int(hits[c]) >= max(1, 0.3 * r) else "unknown"] += 1
             cos_slot.setdefault(slot, []).append(float(row_best[c].median()))
-            if slot == 0:
-                own_slot0 = (sims[c], r, t)
-        if own_slot0 is None:
+            if slot == rows.shape[1] - 1:  # rows placed by the deepest slot: its states differ per position
+                placed = (sims[c], r, t)
+        if placed is None:
             continue
-        sim, r, t = own_slot0
+        sim, r, t = placed
         val, pos = sim.max(dim=1)
         for row in range(r):
             f.rows += 1
-            if float(val[row]) < SAME:
+            if row < t and float(sim[row, row]) >= SAME:
+                f.own += 1
+            elif float(val[row]) < SAME:
                 f.foreign += 1
             elif int(pos[row]) == row:
                 f.own += 1

@@ -1,0 +1,169 @@
+"""``spec-compat doctor`` on the Llama fixture: training data built from a transformers forward of the
+target exactly as the stock pipeline writes it (speculators >= 0.5's layout), once clean and once with
+each silent defect planted the way the pipeline produces it.  The doctor must name each planted defect
+in the check that owns it, and raise no problem on the clean data and draft."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("datasets")
+pytest.importorskip("safetensors")
+torch = pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[2]
+AUX = [0, 1, 2]  # the draft's aux layers (input convention) on the 4-layer fixture
+REPLIES = ["the quick brown fox jumps over the lazy dog " * 3, "pack my box with five dozen liquor jugs " * 4,
+           "how vexingly quick daft zebras jump " * 5, "sphinx of black quartz, judge my vow " * 4,
+           "a wizard's job is to vex chumps quickly in fog " * 3, "we promptly judged antique ivory buckles " * 4]
+PROMPTS = ["tell me a story", "what is a pangram?", "say something", "write a line", "another one", "go on"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from spec_compat.fixtures.llama import build_llama
+    from spec_compat.verify.reference import layer_states, load_reference_model
+
+    root = tmp_path_factory.mktemp("doctor")
+    target = build_llama(root / "target")
+    tok = AutoTokenizer.from_pretrained(str(target))
+    model = load_reference_model(target)
+    samples, masks = [], []
+    for p, r in zip(PROMPTS, REPLIES):
+        prompt = list(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                              tokenize=True))
+        reply = list(tok(r, add_special_tokens=False)["input_ids"]) + [tok.eos_token_id]
+        samples.append(prompt + reply)
+        masks.append([0] * len(prompt) + [1] * len(reply))
+
+    def rows_of(ids, where="input"):
+        n = 4
+        taps = [(a, where) for a in AUX] + [(n - 1, "output")]
+        return torch.stack(layer_states(model, ids, taps), dim=1).to(torch.bfloat16)
+
+    return {"root": root, "target": target, "tok": tok, "model": model, "samples": samples, "masks": masks,
+            "rows_of": rows_of}
+
+
+def write_data(d: Path, samples, masks, rows) -> Path:
+    from datasets import Dataset
+    from safetensors.torch import save_file
+
+    ds = Dataset.from_dict({"input_ids": samples, "loss_mask": masks, "seq_len": [len(s) for s in samples]})
+    ds.save_to_disk(str(d))
+    (d / "hidden_states").mkdir()
+    for i, (s, r) in enumerate(zip(samples, rows)):
+        save_file({"hidden_states": r.contiguous(), "token_ids": torch.tensor(s)}, str(d / "hidden_states" / f"hs_{i}.safetensors"))
+    return d
+
+
+def write_draft(d: Path, vocab_ids: list[int]) -> Path:
+    from safetensors.torch import save_file
+
+    d.mkdir(parents=True)
+    h, v = 256, len(vocab_ids)
+    d2t = torch.tensor([t - i for i, t in enumerate(sorted(vocab_ids))], dtype=torch.long)
+    t2d = torch.zeros(512, dtype=torch.bool)
+    t2d[sorted(vocab_ids)] = True
+    save_file({"fc.weight": torch.zeros(h, 3 * h), "lm_head.weight": torch.zeros(v, h), "d2t": d2t, "t2d": t2d},
+              str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps({
+        "speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"], "draft_vocab_size": v,
+        "target_hidden_size": h, "eagle_aux_hidden_state_layer_ids": AUX,
+        "transformer_layer_config": {"hidden_size": h, "vocab_size": 512, "num_hidden_layers": 1}}))
+    return d
+
+
+def doctor(world, data: Path, draft: Path) -> dict:
+    from spec_compat.doctor import Inputs, as_json, run_checks
+
+    inp = Inputs(world["target"], draft, data, samples=6)
+    inp._cache["model"] = world["model"]  # one reference model for the module's runs
+    return {c["check"]: c for c in as_json(run_checks(inp))["checks"]}
+
+
+def reply_vocab(world) -> list[int]:
+    seen = sorted({t for s, m in zip(world["samples"], world["masks"]) for t, k in zip(s, m) if k})
+    return seen + [t for t in range(512) if t not in seen][:128 - len(seen)]
+
+
+@pytest.fixture(scope="module")
+def clean(world):
+    rows = [world["rows_of"](s) for s in world["samples"]]
+    data = write_data(world["root"] / "clean", world["samples"], world["masks"], rows)
+    return data, write_draft(world["root"] / "draft", reply_vocab(world))
+
+
+def test_clean_data_and_draft_raise_no_problem(world, clean):
+    got = doctor(world, *clean)
+    assert {k: v["status"] for k, v in got.items()} == {"fit": "ok", "rows": "ok", "tokens": "ok", "vocabulary": "ok"}, got
+    assert got["rows"]["evidence"]["own_rows"] == 1.0
+
+
+def test_o6_layer_outputs_are_named_one_layer_off(world, clean):
+    rows = [world["rows_of"](s, "output") for s in world["samples"]]
+    data = write_data(world["root"] / "o6", world["samples"], world["masks"], rows)
+    got = doctor(world, data, clean[1])
+    assert got["rows"]["status"] == "problem" and "one layer off (O6" in got["rows"]["summary"], got["rows"]
+    assert '"eagle_aux_hidden_state_layer_ids": [1, 2, 3]' in got["rows"]["fix"]
+
+
+def test_f8_rows_shifted_by_cached_blocks_are_named(world, clean):
+    """Prefix caching served a 16-token block of every sample but the first; the capture, sliced by the
+    full lengths in input order, shifts each later sample's rows by the blocks skipped before it."""
+    full = [world["rows_of"](s) for s in world["samples"]]
+    capture = torch.cat([full[0]] + [r[16:] for r in full[1:]])
+    rows, pos = [], 0
+    for s in world["samples"]:
+        rows.append(capture[pos:pos + len(s)])
+        pos += len(s)
+    kept = [(s, m[:len(r)], r) for s, m, r in zip(world["samples"], world["masks"], rows) if len(r) > 1]
+    data = write_data(world["root"] / "f8", [s[:len(r)] for s, _, r in kept], [m for _, m, _ in kept],
+                      [r for _, _, r in kept])
+    got = doctor(world, data, clean[1])
+    assert got["rows"]["status"] == "problem" and "(F8)" in got["rows"]["summary"], got["rows"]
+    assert "prefix-caching-off" in got["rows"]["fix"]
+
+
+def test_g1_masks_of_other_samples_are_named(world, clean):
+    masks = world["masks"][1:] + world["masks"][:1]  # each sample trained with another's mask
+    masks = [(m + [0] * len(s))[:len(s)] for s, m in zip(world["samples"], masks)]
+    rows = [world["rows_of"](s) for s in world["samples"]]
+    data = write_data(world["root"] / "g1", world["samples"], masks, rows)
+    got = doctor(world, data, clean[1])
+    assert got["tokens"]["status"] == "problem" and "(G1" in got["tokens"]["summary"], got["tokens"]
+    assert got["rows"]["status"] == "ok"
+
+
+def test_two_bos_is_named(world, clean):
+    bos = world["tok"].bos_token_id
+    samples = [[bos] + s for s in world["samples"]]
+    rows = [world["rows_of"](s) for s in samples]
+    data = write_data(world["root"] / "bos2", samples, [[0] + m for m in world["masks"]], rows)
+    got = doctor(world, data, clean[1])
+    assert got["tokens"]["status"] == "problem" and "two BOS" in got["tokens"]["summary"], got["tokens"]
+
+
+def test_a_vocabulary_from_other_data_is_named(world, clean):
+    seen = set(reply_vocab(world)[:40])
+    other = [t for t in range(512) if t not in seen][:128]
+    draft = write_draft(world["root"] / "draft_other_vocab", other)
+    got = doctor(world, clean[0], draft)
+    assert got["vocabulary"]["status"] == "problem" and "built from other data" in got["vocabulary"]["summary"]
+    assert got["vocabulary"]["evidence"]["covered"] < 0.5
+
+
+def test_missing_inputs_are_skipped_lines_not_tracebacks(world, clean, tmp_path):
+    got = doctor(world, tmp_path / "nowhere", clean[1])
+    assert got["rows"]["status"] == "skipped" and "does not exist" in got["rows"]["summary"]
+    proc = subprocess.run([sys.executable, "-m", "spec_compat", "doctor", "--target", str(world["target"]),
+                           "--draft", str(tmp_path / "no_draft")], capture_output=True, text=True, cwd=str(ROOT),
+                          timeout=120)
+    assert proc.returncode == 2 and "no_draft" in proc.stderr and "Traceback" not in proc.stderr

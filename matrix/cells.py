@@ -77,6 +77,11 @@ PLANTED_KEY_ELSEWHERE = tuple(
 SMOLLM2_TOKENIZER_ELSEWHERE = ("tests/unit/test_smollm2_fixture.py",
                                "the smollm2 tokenizer from the real GGUF (~20 s): CI builds it under transformers "
                                "4.57 in the 0.3 cell and 5.24 in the tf5 cell; matrix/run records it here")
+#: the doctor's checks on the Llama fixture's planted defects (transformers and datasets, no vLLM or
+#: speculators code; ~20 s a cell): CI runs them under transformers 4.57 (the 0.3 cell) and 5.24 (the tf5 cell)
+DOCTOR_ELSEWHERE = ("tests/unit/test_doctor.py",
+                    "the doctor on the Llama fixture's planted defects (transformers and datasets only): CI runs it "
+                    "in the 0.3 cell (transformers 4.57) and the tf5 cell (5.24); matrix/run records it here")
 #: published-head checks CI leaves to matrix/run in every vLLM cell that serves the heads
 PUBLISHED_HEADS_RECORDED = (
     ("tests/engine/test_published_heads.py::test_unfit_heads_are_refused_naming_both_sides",
@@ -183,6 +188,7 @@ CELLS: dict[str, Cell] = {
                  "vLLM reads 0.4's saved draft in test_training"),
                 ("tests/engine/test_cli.py", "spec-compat's CLI output: the 0.3 cell"),
                 *PLANTED_KEY_ELSEWHERE,
+                DOCTOR_ELSEWHERE,
                 ("tests/engine/test_nonfinite.py", "spec-compat's selftest naming a NaN layer: the 0.3 cell"),
                 ("tests/engine/test_site_packages_engine.py", "spec-compat writes nothing into site-packages: the 0.3 cell"),
                 ("tests/engine/test_draft_attention.py", "torch's attention (same torch 2.10): the 0.3 cell"),
@@ -285,7 +291,7 @@ CELLS: dict[str, Cell] = {
                 ("tests/server/test_backend_mismatch.py",
                  "the trainer reading fp8 files with each backend (speculators 0.9.0 + hs-connectors 0.9.0, no vLLM "
                  "involved): CI runs it in spec0.9.0-vllm0.16.0's client env, the same versions"),
-                WALKTHROUGH_ELSEWHERE, *PLANTED_KEY_ELSEWHERE, SMOLLM2_TOKENIZER_ELSEWHERE,
+                WALKTHROUGH_ELSEWHERE, *PLANTED_KEY_ELSEWHERE, SMOLLM2_TOKENIZER_ELSEWHERE, DOCTOR_ELSEWHERE,
             ),
         ),
         # Server and client apart, as upstream's tutorial runs them: speculators 0.9.0 (transformers
@@ -302,7 +308,7 @@ CELLS: dict[str, Cell] = {
             extra=HS_CONNECTORS_0_9,
             tests=("tests/unit", "tests/server"),
             in_ci=True,
-            ci_deselect=(WALKTHROUGH_ELSEWHERE, *PLANTED_KEY_ELSEWHERE, SMOLLM2_TOKENIZER_ELSEWHERE,
+            ci_deselect=(WALKTHROUGH_ELSEWHERE, *PLANTED_KEY_ELSEWHERE, SMOLLM2_TOKENIZER_ELSEWHERE, DOCTOR_ELSEWHERE,
                          ("tests/server/test_fp8_acceptance.py",
                           "drafts trained on fp8 vs unquantized rows, served side by side (the pipeline again plus "
                           "a training and a serving run per fixture, ~17 min): matrix/run records it; CI trains on "

@@ -20,7 +20,7 @@ case $1 in
     cd /tmp/persist || exit 1
     PYTHONPATH=/tmp/site:/tmp/persist PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2 setsid nohup python3 \
       benchmarks/real_defects.py run --dir /tmp/persist/gpu --work /tmp/rgc --out /tmp/rgc/out \
-      --variants "${VARIANTS:-clean,o6,o7,bos2,vocab,f8,g1}" --no-train "${NO_TRAIN:-}" \
+      --variants "${VARIANTS:-clean,o6,o7,bos2,vocab,f8,g1}" --no-train "${NO_TRAIN:-}" --chats "${CHATS:-4096}" \
       --launcher "python3 -m spec_compat run /tmp/site/bin/speculators" >/tmp/rgc/defects.log 2>&1 < /dev/null &
     sleep 20; tail -5 /tmp/rgc/defects.log ;;
   wait)

@@ -302,6 +302,35 @@ def run(args) -> int:
     return 0
 
 
+def collect(args) -> int:
+    """Here: the device's ``defects.json``, the ``spec-compat evaluate --json`` of the defect drafts and the
+    clean draft's (the learning curve's ``draft4096``, same data, settings and seed) into one JSON and a
+    markdown table; the acceptance rate's ratio to the clean draft's says what each defect costs."""
+    dev = json.loads(Path(args.defects).read_text())
+    rows: dict[str, dict] = {}
+    for path in args.eval:
+        for r in json.loads(Path(path).read_text())["drafts"]:
+            name = Path(r["draft"]).name
+            rows[name.removeprefix("defect_") if name.startswith("defect_") else "clean (learning curve)"] = r
+    clean = rows.get("clean (learning curve)") or rows.get("clean")
+    table = ["| variant | what is left in | conversations | k | mean acceptance length | acceptance rate | rate / clean |"
+             " per position | lossless |", "|---|---|---|---|---|---|---|---|---|"]
+    what = {v: line.split(None, 1)[1].strip() for v, line in
+            ((ln.split()[1].strip("`"), ln) for ln in __doc__.splitlines() if ln.startswith("* ``"))}
+    for name, r in rows.items():
+        info = dev["defects"].get(name, {})
+        ratio = r["acceptance_rate"] / clean["acceptance_rate"] if clean and clean["acceptance_rate"] else float("nan")
+        table.append(f"| {name} | {what.get(name, 'nothing (clean)')[:90]} | {info.get('samples', 4096):,} | {r['k']} | "
+                     f"{r['mean_acceptance_length']:.3f} | {r['acceptance_rate']:.3f} | {ratio:.2f} | "
+                     f"{' / '.join(f'{x:.3f}' for x in r['per_position'])} | {'yes' if r['lossless'] else 'NO'} |")
+    out = {"device": dev.get("device"), "plan": dev["defects"].get("plan"), "trained": {
+        k: {kk: vv for kk, vv in v.items() if kk not in ("parts", "log_tail")} for k, v in dev["defects"].items()
+        if k != "plan"}, "evaluate": rows, "notes": args.note}
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print("\n".join(table))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -328,12 +357,17 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--device", default="cuda")
     r.add_argument("--launcher", default=f"{sys.executable} -m speculators")
     r.add_argument("trainer_args", nargs="*")
+    c = sub.add_parser("collect", help="here: the table of item 4")
+    c.add_argument("--defects", required=True, help="the device's defects.json")
+    c.add_argument("--eval", action="append", default=[], help="spec-compat evaluate --json output (repeat)")
+    c.add_argument("--note", default="")
+    c.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[real_defects %(asctime)s] %(message)s", datefmt="%H:%M:%S")
     if args.cmd == "plan":
         print(json.dumps(plan(json.loads(Path(args.samples).read_text())["samples"]), indent=1))
         return 0
-    return run(args)
+    return collect(args) if args.cmd == "collect" else run(args)
 
 
 if __name__ == "__main__":

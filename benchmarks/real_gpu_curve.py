@@ -287,7 +287,7 @@ def join(args) -> int:
 
     d = Path(args.dir)
     verifier = load_file(str(cached_checkpoint() / "model.safetensors"))
-    for cfg in sorted(d.glob("draft*.config.json")):
+    for cfg in sorted(d.glob(f"{args.prefix}*.config.json")):
         name = cfg.name.split(".")[0]
         parts = sorted(d.glob(f"{name}.part*"), key=lambda p: int(p.suffix[5:]))
         target = d / name
@@ -381,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     j = sub.add_parser("join")
     j.add_argument("--dir", required=True)
     j.add_argument("--target", required=True, help="the verifier checkpoint here (named in the draft's config)")
+    j.add_argument("--prefix", default="draft", help="the returned drafts' name prefix (real_defects: defect_)")
     c = sub.add_parser("collect")
     c.add_argument("--dir", required=True, help="the device's files (curve.json, train_point*.log)")
     c.add_argument("--eval", action="append", default=[], help="K=PATH of spec-compat evaluate --json (repeat)")

@@ -28,8 +28,14 @@ def add_arguments(command: str, p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="the draft's training data: a speculators >= 0.5 data directory (dataset + "
                                   "hidden_states/) or 0.3/0.4 data_*.pt files; read as a sample, never written")
     p.add_argument("--samples", type=int, default=6, help="training samples read (default 6, from the first)")
+    p.add_argument("--prompts", help="held-out prompts (evaluate's --prompts format): the measured check serves the "
+                                     "draft in vLLM on them (minutes on CPU); without it that check is skipped")
+    p.add_argument("--k", type=int, default=3, help="draft tokens per step for the measured check (default 3)")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
+    p.add_argument("--baseline", type=float, help="the mean acceptance length a clean draft of the same size reaches "
+                                                  "on these prompts (the measured check compares with it)")
     p.add_argument("--check", action="append", choices=None, metavar="NAME",
-                   help="run only this check (repeat): fit, rows, tokens, vocabulary")
+                   help="run only this check (repeat): fit, rows, tokens, vocabulary, measured")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     p.set_defaults(func=cmd_doctor)
@@ -50,7 +56,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"spec-compat doctor: unknown check {unknown} (known: {', '.join(CHECKS)})" if unknown else
               f"spec-compat doctor: --samples must be at least 1, not {args.samples}", file=sys.stderr)
         return 2
-    inp = Inputs(target, draft, Path(args.data) if args.data else None, args.samples)
+    inp = Inputs(target, draft, Path(args.data) if args.data else None, args.samples, args.prompts, args.k,
+                 args.max_tokens, args.baseline)
     findings = run_checks(inp, args.check, None if args.json else lambda f: print(line(f), flush=True))
     problems = sum(1 for f in findings if f.status == "problem")
     if args.json:

@@ -234,5 +234,33 @@ def vocabulary(inp: Inputs) -> Finding:
     return Finding.ok(f"the draft's vocabulary holds {covered:.1%} of the reply tokens", ev)
 
 
+def measured(inp: Inputs) -> Finding:
+    """The draft served by vLLM on the prompts (``spec-compat evaluate``'s run): lossless, and its
+    acceptance per position against a clean draft's of the same size (``--baseline``)."""
+    if inp.prompts is None:
+        raise Skip("no --prompts given: this check serves the draft in vLLM")
+    from ..cli.evaluate import EvaluateError, evaluate
+
+    try:
+        res = evaluate(inp.target, inp.draft, inp.prompts, k=inp.k, max_tokens=inp.max_tokens)
+    except EvaluateError as exc:
+        raise Skip(f"the draft cannot be served here: {exc}") from None
+    ev = {"k": res.k, "prompts": res.prompts, "mean_acceptance_length": round(res.mean_acceptance_length, 3),
+          "acceptance_rate": round(res.acceptance_rate, 3), "per_position": [round(x, 3) for x in res.per_position],
+          "lossless": res.lossless, "baseline": inp.baseline}
+    if not res.lossless:
+        return Finding.problem(f"speculative decoding with this draft changed the greedy output (first mismatch "
+                               f"{res.first_mismatch}): a serving defect, not the draft's quality",
+                               "report it with `spec-compat report --json`", ev)
+    if inp.baseline and res.mean_acceptance_length < 1 + 0.8 * (inp.baseline - 1):
+        return Finding.problem(f"mean acceptance length {res.mean_acceptance_length:.3f} against {inp.baseline:.3f} "
+                               f"for a clean draft of the same size (acceptance rate {res.acceptance_rate:.1%}; per "
+                               f"position {', '.join(f'{x:.2f}' for x in res.per_position)})",
+                               "the other checks' problems name the cause; with none, compare the training "
+                               "settings and data size with the clean draft's", ev)
+    return Finding.ok(f"lossless; mean acceptance length {res.mean_acceptance_length:.3f}, rate "
+                      f"{res.acceptance_rate:.1%}" + (f" (clean draft: {inp.baseline:.3f})" if inp.baseline else ""), ev)
+
+
 #: the checks in the order they run and print
-CHECKS = {"fit": fit, "rows": rows, "tokens": tokens, "vocabulary": vocabulary}
+CHECKS = {"fit": fit, "rows": rows, "tokens": tokens, "vocabulary": vocabulary, "measured": measured}

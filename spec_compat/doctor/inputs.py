@@ -20,6 +20,10 @@ class Inputs:
     draft: Path
     data: Path | None = None
     samples: int = 6
+    prompts: str | None = None  # the measured check: held-out prompts served through vLLM
+    k: int = 3
+    max_tokens: int = 64
+    baseline: float | None = None  # a clean draft's mean acceptance length on those prompts
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def _once(self, key: str, load: Callable[[], Any]) -> Any:

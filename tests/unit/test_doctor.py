@@ -103,7 +103,9 @@ def clean(world):
 
 def test_clean_data_and_draft_raise_no_problem(world, clean):
     got = doctor(world, *clean)
-    assert {k: v["status"] for k, v in got.items()} == {"fit": "ok", "rows": "ok", "tokens": "ok", "vocabulary": "ok"}, got
+    assert {k: v["status"] for k, v in got.items()} == {"fit": "ok", "rows": "ok", "tokens": "ok", "vocabulary": "ok",
+                                                       "measured": "skipped"}, got
+    assert "no --prompts" in got["measured"]["summary"]
     assert got["rows"]["evidence"]["own_rows"] == 1.0
 
 

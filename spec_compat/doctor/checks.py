@@ -225,7 +225,7 @@ def vocabulary(inp: Inputs) -> Finding:
     if data.token_freq:
         top = {t for t, _ in sorted(data.token_freq.items(), key=lambda kv: -kv[1])[:len(d2t)]}
         ev["covered_by_the_data_token_freq"] = round(sum(1 for t in replies if t in top) / len(replies), 4)
-        ev["draft_vocab_in_data_token_freq_top"] = round(len(vocab & top) / len(d2t), 4)
+        ev["data_token_freq_top_in_draft_vocab"] = round(len(vocab & top) / len(top), 4) if top else None
     if covered < COVERAGE:
         return Finding.problem(
             f"the draft's {len(d2t)}-token vocabulary holds {covered:.1%} of the target's reply tokens in the sampled "

@@ -169,3 +169,19 @@ def test_missing_inputs_are_skipped_lines_not_tracebacks(world, clean, tmp_path)
                            "--draft", str(tmp_path / "no_draft")], capture_output=True, text=True, cwd=str(ROOT),
                           timeout=120)
     assert proc.returncode == 2 and "no_draft" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_0_3_layout_is_read_with_its_layer_ids(world, clean, tmp_path):
+    """speculators 0.3/0.4's ``data_{i}.pt`` (a list of [T, H] per captured layer) and ``data_config.json``:
+    the same rows read the same way; the captured layer ids are shown as evidence."""
+    d = tmp_path / "pt"
+    d.mkdir()
+    for i, s in enumerate(world["samples"]):
+        r = world["rows_of"](s, "output")  # 0.3 captures layer outputs (O6 when served as inputs)
+        torch.save({"input_ids": torch.tensor(s), "hidden_states": [r[:, j] for j in range(r.shape[1])],
+                    "loss_mask": torch.tensor(world["masks"][i])}, d / f"data_{i}.pt")
+    (d / "data_config.json").write_text(json.dumps({"hidden_states": {"layer_ids": [0, 1, 2, 3]}}))
+    got = doctor(world, d, clean[1])
+    assert got["rows"]["evidence"]["data_config_layer_ids"] == [0, 1, 2, 3]
+    assert got["rows"]["status"] == "problem" and "one layer off (O6" in got["rows"]["summary"]
+    assert got["tokens"]["status"] == "ok"

@@ -9,12 +9,15 @@ the data is read as a sample (the first few samples, weight files by their heade
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
 from .checks import CHECKS
 from .findings import Finding, Skip, as_json, line
 from .inputs import Inputs
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CHECKS", "Finding", "Inputs", "Skip", "as_json", "line", "run_checks"]
 
@@ -31,6 +34,9 @@ def run_checks(inp: Inputs, only: list[str] | None = None,
             f = check(inp)
         except Skip as exc:
             f = Finding("skipped", str(exc))
+        except Exception as exc:  # noqa: BLE001 - an unreadable input is a line, not a traceback
+            log.debug("doctor check %s failed", name, exc_info=True)
+            f = Finding("skipped", f"could not run: {type(exc).__name__}: {exc}")
         f.check, f.seconds = name, round(time.perf_counter() - t0, 2)
         out.append(f)
         if progress:

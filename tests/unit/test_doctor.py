@@ -165,6 +165,12 @@ def test_a_vocabulary_from_other_data_is_named(world, clean):
 def test_missing_inputs_are_skipped_lines_not_tracebacks(world, clean, tmp_path):
     got = doctor(world, tmp_path / "nowhere", clean[1])
     assert got["rows"]["status"] == "skipped" and "does not exist" in got["rows"]["summary"]
+    empty = tmp_path / "draft_without_weights"
+    empty.mkdir()
+    (empty / "config.json").write_text((clean[1] / "config.json").read_text())
+    got = doctor(world, clean[0], empty)
+    assert got["fit"]["status"] == "skipped" and "no weight file" in got["fit"]["summary"]
+    assert got["vocabulary"]["status"] == "skipped" and str(empty) in got["vocabulary"]["summary"]
     proc = subprocess.run([sys.executable, "-m", "spec_compat", "doctor", "--target", str(world["target"]),
                            "--draft", str(tmp_path / "no_draft")], capture_output=True, text=True, cwd=str(ROOT),
                           timeout=120)

@@ -37,8 +37,8 @@ def world(tmp_path_factory):
     model = load_reference_model(target)
     samples, masks = [], []
     for p, r in zip(PROMPTS, REPLIES):
-        prompt = list(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                              tokenize=True))
+        prompt = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)
+        prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)  # transformers 5: an encoding
         reply = list(tok(r, add_special_tokens=False)["input_ids"]) + [tok.eos_token_id]
         samples.append(prompt + reply)
         masks.append([0] * len(prompt) + [1] * len(reply))

@@ -78,7 +78,6 @@ def read_sample(directory: str | Path, n: int = 6) -> DataSample:
 
 
 def _read_offline(d: Path, n: int, token_freq: dict[int, int] | None) -> DataSample:
-    import torch
     from datasets import load_from_disk
     from safetensors import safe_open
 
@@ -99,7 +98,6 @@ def _read_offline(d: Path, n: int, token_freq: dict[int, int] | None) -> DataSam
         row = ds[i]
         out.samples.append(Sample(i, [int(x) for x in row["input_ids"]], [int(x) for x in row["loss_mask"]],
                                   rows, ids, str(f)))
-    del torch
     return out
 
 

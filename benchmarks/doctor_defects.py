@@ -58,11 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         found = {c["check"]: c for c in as_json(run_checks(inp))["checks"]}
         model = inp._cache.get("model", model)
         problems = [c for c, f in found.items() if f["status"] == "problem"]
-        if check is None:
-            verdict = "no problem (right)" if not problems else f"FALSE problem in {problems}" if v == "clean" else \
-                f"problems {problems}"
-            if v == "o7":
-                verdict = "not named (no check reads the targets)" if not problems else f"problems {problems}"
+        if v == "o7":
+            verdict = "not named (no check reads the targets)" if not problems else f"problems {problems}"
+        elif check is None:
+            verdict = "no problem (right)" if not problems else f"FALSE problem in {problems}"
         else:
             hit = found.get(check, {})
             named = hit.get("status") == "problem" and phrase in hit.get("summary", "")

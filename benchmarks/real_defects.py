@@ -334,6 +334,8 @@ def collect(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
+    import real_gpu_curve as rgc
+
     if (argv or sys.argv[1:])[:1] == ["o7-train"]:
         return o7_train((argv or sys.argv[1:])[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -341,22 +343,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("plan", help="here: what each engine defect touches in a samples.json")
     p.add_argument("samples")
     r = sub.add_parser("run", help="on the GPU")
-    r.add_argument("--dir", required=True)
-    r.add_argument("--work", default="/tmp/rgc")
-    r.add_argument("--out", required=True)
+    rgc.add_run_arguments(r)
     r.add_argument("--chats", type=int, default=4096)
     r.add_argument("--variants", default=",".join(VARIANTS))
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--no-train", default="", help="variants only built and exported (e.g. clean: its draft exists)")
     r.add_argument("--export-samples", type=int, default=4, help="samples per variant in ret/sample_V.tar")
-    r.add_argument("--max-new", type=int, default=192)
-    r.add_argument("--batch", type=int, default=256)
-    r.add_argument("--epochs", type=int, default=10)
-    r.add_argument("--draft-vocab", type=int, default=16384)
-    r.add_argument("--total-seq-len", type=int, default=4096)
-    r.add_argument("--device", default="cuda")
-    r.add_argument("--launcher", default=f"{sys.executable} -m speculators")
-    r.add_argument("trainer_args", nargs="*")
     c = sub.add_parser("collect", help="here: the table of item 4")
     c.add_argument("--defects", required=True, help="the device's defects.json")
     c.add_argument("--eval", action="append", default=[], help="spec-compat evaluate --json output (repeat)")

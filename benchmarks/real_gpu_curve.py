@@ -203,6 +203,7 @@ def prepare(args, outputs_too: bool = False):
     state = work / "state.json"
     result = json.loads(state.read_text()) if state.exists() else {"timings": {}, "points": {}}
     t = result["timings"]
+    from spec_compat.fixtures.sharegpt import rendered_ids
     from spec_compat.fixtures.smollm2 import cached_checkpoint
 
     t0 = time.perf_counter()
@@ -220,9 +221,7 @@ def prepare(args, outputs_too: bool = False):
     if not (work / "samples.json").exists():
         chats = [json.loads(x) for x in (d / "prompts.jsonl").read_text().splitlines() if x.strip()]
         chats = chats[:max(point(p)[0] for p in args.points.split(","))]
-        prompts = [tok.apply_chat_template(c["conversations"][:1], add_generation_prompt=True, tokenize=True)
-                   for c in chats]
-        prompts = [list(p["input_ids"]) if isinstance(p, dict) or hasattr(p, "keys") else list(p) for p in prompts]
+        prompts = [rendered_ids(tok, c["conversations"][:1]) for c in chats]
         if any(p[:2].count(tok.bos_token_id) > 1 for p in prompts):
             raise RuntimeError("two BOS tokens in a rendered prompt")
         t0 = time.perf_counter()
@@ -358,18 +357,11 @@ def collect(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("prep")
-    p.add_argument("--chats", type=int, default=4096)
-    p.add_argument("--max-prompt", type=int, default=560)
-    p.add_argument("--dir", required=True)
-    r = sub.add_parser("run")
+def add_run_arguments(r: argparse.ArgumentParser) -> None:
+    """The GPU run's data and trainer settings (shared with ``real_defects.py run``)."""
     r.add_argument("--dir", required=True)
     r.add_argument("--work", default="/tmp/rgc")
     r.add_argument("--out", required=True)
-    r.add_argument("--points", default="64,512,4096")
     r.add_argument("--max-new", type=int, default=192)
     r.add_argument("--batch", type=int, default=256)
     r.add_argument("--epochs", type=int, default=10)
@@ -378,6 +370,18 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--device", default="cuda")
     r.add_argument("--launcher", default=f"{sys.executable} -m speculators", help="what runs speculators' CLI")
     r.add_argument("trainer_args", nargs="*", help="more trainer flags (after --)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prep")
+    p.add_argument("--chats", type=int, default=4096)
+    p.add_argument("--max-prompt", type=int, default=560)
+    p.add_argument("--dir", required=True)
+    r = sub.add_parser("run")
+    add_run_arguments(r)
+    r.add_argument("--points", default="64,512,4096")
     j = sub.add_parser("join")
     j.add_argument("--dir", required=True)
     j.add_argument("--target", required=True, help="the verifier checkpoint here (named in the draft's config)")

@@ -34,7 +34,7 @@ def add_arguments(command: str, p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
     p.add_argument("--baseline", type=float, help="the mean acceptance length a clean draft of the same size reaches "
                                                   "on these prompts (the measured check compares with it)")
-    p.add_argument("--check", action="append", choices=None, metavar="NAME",
+    p.add_argument("--check", action="append", metavar="NAME",
                    help="run only this check (repeat): fit, rows, tokens, vocabulary, measured")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)

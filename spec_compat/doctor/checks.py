@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from ..fixtures.sharegpt import rendered_ids
 from .findings import Finding, Skip
 from .inputs import Inputs
 from .rows import SAME, compare, describe
@@ -125,16 +126,11 @@ def rows(inp: Inputs) -> Finding:
 def _assistant_header(tok: Any) -> list[int]:
     """The tokens the chat template puts before an assistant reply (its generation prompt)."""
     msgs = [{"role": "user", "content": "x"}]
-    with_gen = _ids(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
-    without = _ids(tok.apply_chat_template(msgs, add_generation_prompt=False, tokenize=True))
+    with_gen, without = rendered_ids(tok, msgs, True), rendered_ids(tok, msgs, False)
     k = 0
     while k < min(len(with_gen), len(without)) and with_gen[k] == without[k]:
         k += 1
     return with_gen[k:]
-
-
-def _ids(x: Any) -> list[int]:
-    return list(x["input_ids"]) if hasattr(x, "keys") else list(x)
 
 
 def _spans(ids: list[int], header: list[int], end: set[int]) -> set[int]:
@@ -161,8 +157,8 @@ def tokens(inp: Inputs) -> Finding:
     tok = inp.tokenizer()
     data = inp.data_sample()
     bos = tok.bos_token_id
-    opening = _ids(tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=True))
-    x_ids = set(_ids(tok("x", add_special_tokens=False)))
+    opening = rendered_ids(tok, [{"role": "user", "content": "x"}], False)
+    x_ids = set(tok("x", add_special_tokens=False)["input_ids"])
     pre = []
     for t in opening:
         if t in x_ids:

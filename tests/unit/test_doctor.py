@@ -29,6 +29,7 @@ def world(tmp_path_factory):
     from transformers import AutoTokenizer
 
     from spec_compat.fixtures.llama import build_llama
+    from spec_compat.fixtures.sharegpt import rendered_ids
     from spec_compat.verify.reference import layer_states, load_reference_model
 
     root = tmp_path_factory.mktemp("doctor")
@@ -37,8 +38,7 @@ def world(tmp_path_factory):
     model = load_reference_model(target)
     samples, masks = [], []
     for p, r in zip(PROMPTS, REPLIES):
-        prompt = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)
-        prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)  # transformers 5: an encoding
+        prompt = rendered_ids(tok, [{"role": "user", "content": p}])
         reply = list(tok(r, add_special_tokens=False)["input_ids"]) + [tok.eos_token_id]
         samples.append(prompt + reply)
         masks.append([0] * len(prompt) + [1] * len(reply))

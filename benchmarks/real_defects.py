@@ -307,17 +307,20 @@ def collect(args) -> int:
     clean draft's (the learning curve's ``draft4096``, same data, settings and seed) into one JSON and a
     markdown table; the acceptance rate's ratio to the clean draft's says what each defect costs."""
     dev = json.loads(Path(args.defects).read_text())
-    rows: dict[str, dict] = {}
+    rows: dict[str, dict] = {}  # "label k=K" -> one draft's evaluate row
     for path in args.eval:
         for r in json.loads(Path(path).read_text())["drafts"]:
             name = Path(r["draft"]).name
-            rows[name.removeprefix("defect_") if name.startswith("defect_") else "clean (learning curve)"] = r
-    clean = rows.get("clean (learning curve)") or rows.get("clean")
+            label = {"draft4096": "clean (learning curve)", "draft4096e20": "clean, 20 epochs"}.get(
+                name, name.removeprefix("defect_"))
+            rows[f"{label} k={r['k']}"] = r
     table = ["| variant | what is left in | conversations | k | mean acceptance length | acceptance rate | rate / clean |"
              " per position | lossless |", "|---|---|---|---|---|---|---|---|---|"]
-    what = {v: line.split(None, 1)[1].strip() for v, line in
+    what = {v: line.split(None, 2)[2].strip() for v, line in
             ((ln.split()[1].strip("`"), ln) for ln in __doc__.splitlines() if ln.startswith("* ``"))}
-    for name, r in rows.items():
+    for key, r in rows.items():
+        name = key.rsplit(" k=", 1)[0]
+        clean = rows.get(f"clean (learning curve) k={r['k']}")
         info = dev["defects"].get(name, {})
         ratio = r["acceptance_rate"] / clean["acceptance_rate"] if clean and clean["acceptance_rate"] else float("nan")
         table.append(f"| {name} | {what.get(name, 'nothing (clean)')[:90]} | {info.get('samples', 4096):,} | {r['k']} | "

@@ -53,7 +53,7 @@ def rows(inp: Inputs) -> Finding:
     """A sample of the rows against a fresh forward of the target: which states they hold, whether each
     row is its own token's, whether the aux layers are the ones vLLM will feed the served draft."""
     data = inp.data_sample()
-    f = compare(inp.target_model(), data.samples)
+    f = compare(inp.target_states, data.samples)
     served, said = _served_layers(inp)
     n_aux = len(served)
     holds = [s.holds for s in f.slots]
@@ -234,6 +234,71 @@ def vocabulary(inp: Inputs) -> Finding:
     return Finding.ok(f"the draft's vocabulary holds {covered:.1%} of the reply tokens", ev)
 
 
+#: positions where the target's next token with and without its final norm differ, below which the
+#: targets check cannot tell which the draft learned
+TARGETS_MIN_DIFFER = 10
+
+
+def targets(inp: Inputs) -> Finding:
+    """What the draft learned to predict: its first guesses on the sampled replies, fed the target's
+    states at the served aux layers (as vLLM feeds it), against the target's next token after its final
+    norm (what it emits) and without it (O7: speculators < 0.4 trained on the latter)."""
+    import torch
+
+    from .draft_forward import first_guesses, load_draft
+    from .rows import MAX_TOKENS
+
+    data = inp.data_sample()
+    served, said = _served_layers(inp)
+    model = inp.target_model()
+    embed = model.get_input_embeddings().weight.detach().float()
+    head = model.get_output_embeddings().weight.detach().float()
+    w = load_draft(inp.draft)
+    if not w:
+        raise Skip(f"no weight file (*.safetensors) in the draft directory {inp.draft}")
+    total = right = differ = follows_normed = follows_raw = 0
+    for s in data.samples:
+        ids = list(s.input_ids)[:MAX_TOKENS]
+        trained = torch.tensor(list(s.loss_mask)[:MAX_TOKENS][2:], dtype=torch.bool)
+        if len(ids) < 3 or not bool(trained.any()):
+            continue
+        st = inp.target_states(ids)
+        if "postnorm" not in st:
+            raise Skip("the target has no final norm to compare against")
+        try:
+            guess = first_guesses(w, inp.draft_config(), torch.cat([st[f"input:{i}"] for i in served], -1),
+                                  torch.tensor(ids), embed)[:-1][trained]
+        except KeyError as exc:
+            raise Skip(f"the draft's weights are not in the speculators layout (no tensor {exc})") from None
+        normed = (st["postnorm"] @ head.T).argmax(-1)[1:-1][trained]  # the target's greedy next token
+        raw = (st["prenorm"] @ head.T).argmax(-1)[1:-1][trained]
+        d = normed != raw
+        total += int(trained.sum())
+        right += int((guess == normed).sum())
+        differ += int(d.sum())
+        follows_normed += int((guess[d] == normed[d]).sum())
+        follows_raw += int((guess[d] == raw[d]).sum())
+    if not total:
+        raise Skip("the sampled data has no trained tokens")
+    ev: dict[str, Any] = {"positions": total, "first_guess_agrees_with_target": round(right / total, 4),
+                          "positions_where_the_norm_changes_the_token": differ,
+                          "draft_follows_after_norm": follows_normed, "draft_follows_without_norm": follows_raw,
+                          "served_aux_layers": list(served), "served_from": said}
+    if differ >= TARGETS_MIN_DIFFER and follows_raw > follows_normed:
+        return Finding.problem(
+            f"where the target's next token with and without its final norm differ ({differ} of {total} positions), "
+            f"the draft guesses the one without the norm {follows_raw} times and the target's own {follows_normed} "
+            "times: it was trained on logits of the last layer before the final norm (O7: speculators < 0.4's "
+            "trainer), which the target never emits",
+            "retrain with the targets after the final norm (patch targets-after-final-norm; speculators >= 0.4)", ev)
+    if differ < TARGETS_MIN_DIFFER:
+        return Finding.ok(f"first guesses agree with the target's {right / total:.1%}; the final norm changes the next token at only "
+                          f"{differ} positions, too few to tell which targets the draft learned", ev)
+    return Finding.ok(f"the draft learned the target's output after its final norm ({follows_normed} of {differ} "
+                      f"positions where the norm changes the token); its first guesses agree with the target's greedy "
+                      f"next token at {right / total:.1%} of the sampled reply positions", ev)
+
+
 def measured(inp: Inputs) -> Finding:
     """The draft served by vLLM on the prompts (``spec-compat evaluate``'s run): lossless, and its
     acceptance per position against a clean draft's of the same size (``--baseline``)."""
@@ -263,4 +328,5 @@ def measured(inp: Inputs) -> Finding:
 
 
 #: the checks in the order they run and print
-CHECKS = {"fit": fit, "rows": rows, "tokens": tokens, "vocabulary": vocabulary, "measured": measured}
+CHECKS = {"fit": fit, "rows": rows, "tokens": tokens, "vocabulary": vocabulary, "targets": targets,
+          "measured": measured}

@@ -4,7 +4,7 @@ only when a check asks for it; never written to."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,9 +24,9 @@ class Inputs:
     k: int = 3
     max_tokens: int = 64
     baseline: float | None = None  # a clean draft's mean acceptance length on those prompts
-    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
+    _cache: dict[Hashable, Any] = field(default_factory=dict, repr=False)
 
-    def _once(self, key: str, load: Callable[[], Any]) -> Any:
+    def _once(self, key: Hashable, load: Callable[[], Any]) -> Any:
         if key not in self._cache:
             self._cache[key] = load()
         return self._cache[key]
@@ -51,6 +51,13 @@ class Inputs:
             from ..verify.reference import load_reference_model
             return load_reference_model(self.target)
         return self._once("model", load)
+
+    def target_states(self, ids: list[int]) -> dict[str, Any]:
+        """The target's states for ``ids`` (:func:`spec_compat.doctor.rows.target_states`), computed once."""
+        def load() -> dict[str, Any]:
+            from .rows import target_states
+            return target_states(self.target_model(), ids)
+        return self._once(("states", tuple(ids)), load)
 
     def data_sample(self) -> Any:
         if self.data is None:

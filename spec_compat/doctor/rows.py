@@ -11,6 +11,7 @@ sequence's rows).  Rows are compared by cosine similarity: the same state saved 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,8 +40,9 @@ class RowsFinding:
     slots: list[SlotFinding] = field(default_factory=list)
 
 
-def _candidates(model: Any, ids: list[int]) -> dict[str, Any]:
-    """name -> [T, H] float32 states of the target for ``ids``."""
+def target_states(model: Any, ids: list[int]) -> dict[str, Any]:
+    """name -> [T, H] float32 states of the target for ``ids``: ``input:L`` (the input of decoder layer L),
+    ``prenorm`` / ``postnorm`` (the last layer's output before / after the final norm)."""
     import torch
 
     from ..verify.reference import decoder_layers, layer_states
@@ -61,8 +63,9 @@ def _unit(x: Any) -> Any:
     return x / x.norm(dim=-1, keepdim=True).clamp_min(1e-12)
 
 
-def compare(model: Any, samples: list[Any]) -> RowsFinding:
-    """The rows of ``samples`` (:class:`spec_compat.doctor.data.Sample`) against the target."""
+def compare(states: Callable[[list[int]], dict[str, Any]], samples: list[Any]) -> RowsFinding:
+    """The rows of ``samples`` (:class:`spec_compat.doctor.data.Sample`) against the target's states
+    (``states(ids)``, as :func:`target_states` gives them)."""
     import torch
 
     f = RowsFinding()
@@ -78,7 +81,7 @@ def compare(model: Any, samples: list[Any]) -> RowsFinding:
             f.short.append((s.index, int(s.rows.shape[0]), len(s.row_token_ids or s.input_ids)))
         if r == 0 or t == 0:
             continue
-        cands = _candidates(model, ids)
+        cands = states(ids)
         names = list(cands)
         ref = _unit(torch.stack([cands[k] for k in names]))  # [C, T, H]
         f.samples += 1

@@ -81,6 +81,58 @@ def write_draft(d: Path, vocab_ids: list[int]) -> Path:
     return d
 
 
+def train_draft(d: Path, world, vocab_ids: list[int], before_norm: bool = False, steps: int = 150) -> Path:
+    """A one-layer EAGLE-3 draft (speculators 0.9's layout) trained on the fixture's samples, with the
+    doctor's own first-step forward, to guess the target's next token after its final norm or, with
+    ``before_norm``, from the last layer without it (O7's targets)."""
+    from safetensors.torch import save_file
+
+    from spec_compat.doctor.draft_forward import first_logits
+    from spec_compat.doctor.rows import target_states
+
+    layer = {"hidden_size": 256, "vocab_size": 512, "num_hidden_layers": 1, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 512, "rms_norm_eps": 1e-5,
+             "rope_theta": 10000.0}
+    cfg = {"speculators_model_type": "eagle3", "architectures": ["Eagle3DraftModel"], "draft_vocab_size": len(vocab_ids),
+           "target_hidden_size": 256, "eagle_aux_hidden_state_layer_ids": AUX, "norm_before_residual": False,
+           "transformer_layer_config": layer}
+    shapes = {"fc.weight": (256, 768), "layers.0.self_attn.q_proj.weight": (256, 512),
+              "layers.0.self_attn.k_proj.weight": (128, 512), "layers.0.self_attn.v_proj.weight": (128, 512),
+              "layers.0.self_attn.o_proj.weight": (256, 256), "layers.0.mlp.gate_proj.weight": (512, 256),
+              "layers.0.mlp.up_proj.weight": (512, 256), "layers.0.mlp.down_proj.weight": (256, 512),
+              "lm_head.weight": (len(vocab_ids), 256)}
+    gen = torch.Generator().manual_seed(0)
+    w = {k: (torch.randn(sh, generator=gen) / sh[-1] ** 0.5).requires_grad_() for k, sh in shapes.items()}
+    for k in ("layers.0.input_layernorm.weight", "layers.0.hidden_norm.weight",
+              "layers.0.post_attention_layernorm.weight", "norm.weight"):
+        w[k] = torch.ones(256, requires_grad=True)
+    model = world["model"]
+    embed, head = model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()
+    vocab = sorted(vocab_ids)
+    to_draft = torch.full((512,), -100, dtype=torch.long)
+    to_draft[vocab] = torch.arange(len(vocab))
+    batch = []
+    for ids in world["samples"]:
+        st = target_states(model, ids)
+        nxt = (st["prenorm" if before_norm else "postnorm"] @ head.T).argmax(-1)[1:]
+        batch.append((torch.cat([st[f"input:{i}"] for i in AUX], -1), torch.tensor(ids), to_draft[nxt]))
+    opt = torch.optim.Adam(list(w.values()), lr=3e-3)
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = sum(torch.nn.functional.cross_entropy(first_logits(w, cfg, a, i, embed), t, ignore_index=-100)
+                   for a, i, t in batch)
+        loss.backward()
+        opt.step()
+    d.mkdir(parents=True)
+    t2d = torch.zeros(512, dtype=torch.bool)
+    t2d[vocab] = True
+    out = {k: v.detach().contiguous() for k, v in w.items()}
+    out.update({"d2t": torch.tensor([t - i for i, t in enumerate(vocab)], dtype=torch.long), "t2d": t2d})
+    save_file(out, str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
 def doctor(world, data: Path, draft: Path) -> dict:
     from spec_compat.doctor import Inputs, as_json, run_checks
 
@@ -98,13 +150,13 @@ def reply_vocab(world) -> list[int]:
 def clean(world):
     rows = [world["rows_of"](s) for s in world["samples"]]
     data = write_data(world["root"] / "clean", world["samples"], world["masks"], rows)
-    return data, write_draft(world["root"] / "draft", reply_vocab(world))
+    return data, train_draft(world["root"] / "draft", world, reply_vocab(world))
 
 
 def test_clean_data_and_draft_raise_no_problem(world, clean):
     got = doctor(world, *clean)
     assert {k: v["status"] for k, v in got.items()} == {"fit": "ok", "rows": "ok", "tokens": "ok", "vocabulary": "ok",
-                                                       "measured": "skipped"}, got
+                                                       "targets": "ok", "measured": "skipped"}, got
     assert "no --prompts" in got["measured"]["summary"]
     assert got["rows"]["evidence"]["own_rows"] == 1.0
 
@@ -115,6 +167,7 @@ def test_o6_layer_outputs_are_named_one_layer_off(world, clean):
     got = doctor(world, data, clean[1])
     assert got["rows"]["status"] == "problem" and "one layer off (O6" in got["rows"]["summary"], got["rows"]
     assert '"eagle_aux_hidden_state_layer_ids": [1, 2, 3]' in got["rows"]["fix"]
+    assert got["targets"]["status"] == "ok", got["targets"]  # the draft learned the target's own tokens
 
 
 def test_f8_rows_shifted_by_cached_blocks_are_named(world, clean):
@@ -132,6 +185,7 @@ def test_f8_rows_shifted_by_cached_blocks_are_named(world, clean):
     got = doctor(world, data, clean[1])
     assert got["rows"]["status"] == "problem" and "(F8)" in got["rows"]["summary"], got["rows"]
     assert "prefix-caching-off" in got["rows"]["fix"]
+    assert got["targets"]["status"] == "ok", got["targets"]  # the draft learned the target's own tokens
 
 
 def test_g1_masks_of_other_samples_are_named(world, clean):
@@ -142,6 +196,7 @@ def test_g1_masks_of_other_samples_are_named(world, clean):
     got = doctor(world, data, clean[1])
     assert got["tokens"]["status"] == "problem" and "(G1" in got["tokens"]["summary"], got["tokens"]
     assert got["rows"]["status"] == "ok"
+    assert got["targets"]["status"] == "ok", got["targets"]  # the draft learned the target's own tokens
 
 
 def test_two_bos_is_named(world, clean):
@@ -151,6 +206,7 @@ def test_two_bos_is_named(world, clean):
     data = write_data(world["root"] / "bos2", samples, [[0] + m for m in world["masks"]], rows)
     got = doctor(world, data, clean[1])
     assert got["tokens"]["status"] == "problem" and "two BOS" in got["tokens"]["summary"], got["tokens"]
+    assert got["targets"]["status"] == "ok", got["targets"]  # the draft learned the target's own tokens
 
 
 def test_a_vocabulary_from_other_data_is_named(world, clean):
@@ -160,6 +216,22 @@ def test_a_vocabulary_from_other_data_is_named(world, clean):
     got = doctor(world, clean[0], draft)
     assert got["vocabulary"]["status"] == "problem" and "built from other data" in got["vocabulary"]["summary"]
     assert got["vocabulary"]["evidence"]["covered"] < 0.5
+
+
+def test_o7_targets_before_the_final_norm_are_named(world, clean):
+    """The same recipe with the trainer's targets taken from the last layer without the final norm: the
+    draft guesses what the target never emits where the norm changes the next token."""
+    draft = train_draft(world["root"] / "draft_o7", world, reply_vocab(world), before_norm=True)
+    got = doctor(world, clean[0], draft)
+    t = got["targets"]
+    assert t["status"] == "problem" and "(O7" in t["summary"], t
+    assert "targets-after-final-norm" in t["fix"]
+    assert t["evidence"]["positions_where_the_norm_changes_the_token"] >= 10
+    assert t["evidence"]["draft_follows_without_norm"] > t["evidence"]["draft_follows_after_norm"]
+    ok = doctor(world, *clean)["targets"]
+    assert ok["status"] == "ok", ok
+    assert ok["evidence"]["draft_follows_after_norm"] > ok["evidence"]["draft_follows_without_norm"]
+    assert ok["evidence"]["first_guess_agrees_with_target"] > 0.5
 
 
 def test_missing_inputs_are_skipped_lines_not_tracebacks(world, clean, tmp_path):

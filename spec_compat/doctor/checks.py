@@ -53,6 +53,12 @@ def rows(inp: Inputs) -> Finding:
     """A sample of the rows against a fresh forward of the target: which states they hold, whether each
     row is its own token's, whether the aux layers are the ones vLLM will feed the served draft."""
     data = inp.data_sample()
+    if not data.total:
+        return Finding.problem(f"the training data in {data.directory} holds no samples: preprocessing dropped every "
+                               "conversation (K6 with speculators 0.3/0.4 and a Python tokenizer such as Kimi's: no "
+                               "offsets; each conversation's error is logged and skipped)",
+                               "patch slow-tokenizer-offsets, then prepare the data again", {"layout": data.layout,
+                                                                                             "samples": 0})
     f = compare(inp.target_states, data.samples)
     served, said = _served_layers(inp)
     n_aux = len(served)
@@ -154,8 +160,10 @@ def _spans(ids: list[int], header: list[int], end: set[int]) -> set[int]:
 def tokens(inp: Inputs) -> Finding:
     """The rows' token ids against the target's chat template: one BOS, the template's opening, and the
     loss mask on the assistant's replies."""
-    tok = inp.tokenizer()
     data = inp.data_sample()
+    if not data.samples:
+        raise Skip(f"the data in {data.directory} holds no samples")
+    tok = inp.tokenizer()
     bos = tok.bos_token_id
     opening = rendered_ids(tok, [{"role": "user", "content": "x"}], False)
     x_ids = set(tok("x", add_special_tokens=False)["input_ids"])

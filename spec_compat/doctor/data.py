@@ -71,8 +71,10 @@ def read_sample(directory: str | Path, n: int = 6) -> DataSample:
     if (d / "hidden_states").is_dir() and (d / "dataset_info.json").is_file():
         return _read_offline(d, n, token_freq)
     pts = sorted(d.glob("data_*.pt"), key=_natural)
-    if pts:
+    if pts or (d / "data_config.json").is_file():
         return _read_pt(d, pts, n, token_freq)
+    if not any(d.iterdir()):  # speculators 0.3 / 0.4 with no sample to generate: the directory, nothing in it
+        return DataSample("empty", d, 0)
     raise DataError(f"{str(d)!r} holds neither a dataset with hidden_states/ (speculators >= 0.5) nor data_*.pt "
                     "files (speculators 0.3 / 0.4)")
 

@@ -188,6 +188,44 @@ def test_f8_rows_shifted_by_cached_blocks_are_named(world, clean):
     assert got["targets"]["status"] == "ok", got["targets"]  # the draft learned the target's own tokens
 
 
+def test_f9_truncated_rows_are_named(world, clean):
+    """Chunked prefill aborted after one step: the long samples keep only their first rows, ids in full."""
+    rows = [world["rows_of"](s) for s in world["samples"]]
+    rows = [r[:len(r) // 2] if i % 2 else r for i, r in enumerate(rows)]
+    data = write_data(world["root"] / "f9", world["samples"], world["masks"], rows)
+    got = doctor(world, data, clean[1])
+    assert got["rows"]["status"] == "problem" and "(truncated: F9" in got["rows"]["summary"], got["rows"]
+    assert "keep-unfinished-prefill" in got["rows"]["fix"]
+    assert len(got["rows"]["evidence"]["short_samples"]) == 3
+
+
+def test_f10_rows_of_other_sequences_are_named(world, clean):
+    """The engine finished the batch in another order than the input's; the capture was sliced by the
+    input order's lengths: every sample gets rows of other sequences, row counts right."""
+    full = [world["rows_of"](s) for s in world["samples"]]
+    capture = torch.cat(full[::-1])
+    rows, pos = [], 0
+    for s in world["samples"]:
+        rows.append(capture[pos:pos + len(s)])
+        pos += len(s)
+    data = write_data(world["root"] / "f10", world["samples"], world["masks"], rows)
+    got = doctor(world, data, clean[1])
+    assert got["rows"]["status"] == "problem" and "(F10)" in got["rows"]["summary"], got["rows"]
+    assert "rows-by-request-id" in got["rows"]["fix"]
+    assert got["rows"]["evidence"]["foreign_rows"] > 0.5
+
+
+def test_k6_data_without_samples_is_named(world, clean):
+    """A slow tokenizer gives no offsets: speculators 0.3/0.4's preprocessing drops every conversation, and
+    the generator script (nothing to generate) returns before writing anything into its output directory."""
+    data = world["root"] / "k6"
+    data.mkdir()
+    got = doctor(world, data, clean[1])
+    assert got["rows"]["status"] == "problem" and "(K6" in got["rows"]["summary"], got["rows"]
+    assert "slow-tokenizer-offsets" in got["rows"]["fix"]
+    assert {got[c]["status"] for c in ("tokens", "vocabulary", "targets")} == {"skipped"}, got
+
+
 def test_g1_masks_of_other_samples_are_named(world, clean):
     masks = world["masks"][1:] + world["masks"][:1]  # each sample trained with another's mask
     masks = [(m + [0] * len(s))[:len(s)] for s, m in zip(world["samples"], masks)]

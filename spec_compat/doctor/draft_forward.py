@@ -30,14 +30,23 @@ def _rotate(x: Any, positions: Any, theta: float) -> Any:
     return x * cos + turned * sin
 
 
+#: tensors the first step does not read (the draft shares the target's embedding): not loaded
+UNUSED = ("embed_tokens.weight", "t2d")
+
+
 def load_draft(draft: str | Path) -> dict[str, Any]:
-    """The draft's tensors (float32, ``d2t`` as int64) from every ``*.safetensors`` file in ``draft``."""
-    from safetensors.torch import load_file
+    """The draft's tensors the first step reads (float32, ``d2t`` as int64) from every ``*.safetensors``
+    file in ``draft``; the embedding (as large as the target's) and ``t2d`` are left on disk."""
+    from safetensors import safe_open
 
     out: dict[str, Any] = {}
     for f in sorted(Path(draft).glob("*.safetensors")):
-        out.update(load_file(str(f)))
-    return {k: (v.long() if not v.is_floating_point() else v.float()) for k, v in out.items()}
+        with safe_open(str(f), framework="pt") as h:
+            for k in h.keys():
+                if not k.endswith(UNUSED):
+                    v = h.get_tensor(k)
+                    out[k] = v.long() if not v.is_floating_point() else v.float()
+    return out
 
 
 def first_guesses(w: dict[str, Any], cfg: dict[str, Any], aux: Any, ids: Any, embed: Any) -> Any:

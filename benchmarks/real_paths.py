@@ -161,7 +161,27 @@ def main(argv: list[str] | None = None) -> int:
             print(f"k={k} {n}: mean acceptance length {r['mean_acceptance_length']:.3f} rate {r['acceptance_rate']:.3f}"
                   f" per position {[round(x, 3) for x in r['per_position']]} lossless {r['lossless']}")
     Path(a.out).write_text(json.dumps({**state, "settings": vars(a)}, indent=1, default=str) + "\n")
+    for k in a.k.split(","):
+        _plot(state[f"evaluate_k{k}"]["drafts"], Path(a.out).with_name(Path(a.out).stem + f"_k{k}.png"), k)
     return 0
+
+
+def _plot(drafts: dict, png: Path, k: str) -> None:
+    """Served acceptance per position, one line per draft."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, r in drafts.items():
+        ax.plot(range(1, len(r["per_position"]) + 1), r["per_position"], marker="o",
+                label=f"{name}: {r['mean_acceptance_length']:.3f}")
+    ax.set(xlabel="draft position", ylabel="acceptance", title=f"speculators 0.9.0 server path, k = {k}",
+           xticks=range(1, int(k) + 1))
+    ax.legend(title="mean acceptance length")
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
 
 
 if __name__ == "__main__":

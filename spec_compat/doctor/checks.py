@@ -90,12 +90,18 @@ def rows(inp: Inputs) -> Finding:
         problems.append("the last slot holds the last layer's output after the final norm; the trainer applies the "
                         "norm itself (the targets are normed twice)")
         fixes.append("save the last layer's output before the final norm")
-    if "unknown" in aux and len(set(aux)) > 1:
-        problems.append(f"aux slots {[s.slot for s in f.slots if s.holds == 'unknown']} match no state of the target "
-                        f"(best cosine {min(s.cosine for s in f.slots):.3f} < {SAME})")
-        fixes.append("the rows were made by another model or checkpoint than --target: extract them from this target")
+    unknown = [s.slot for s in f.slots if s.holds == "unknown"]
+    # the deepest slot holds the last layer's states of *other* sampled sequences: rows out of place, not K3
+    foreign_rows = bool(f.rows) and f.other_sequences >= 0.5 * f.rows
+    if unknown and not foreign_rows:
+        problems.append(f"slots {unknown} match no state of the target (best cosine {min(s.cosine for s in f.slots):.3f}"
+                        f" < {SAME}): the rows were made by another checkpoint, or the capture called the layers "
+                        "without an argument their model computes (K3: DeepSeek-V3 / Kimi-K2.5's llama_4_scaling)")
+        fixes.append("extract the rows from this target with the layers called as the model calls them (patch "
+                     "capture-layer-hooks)")
     if f.rows:
         ev.update(own_rows=round(f.own / f.rows, 4), foreign_rows=round(f.foreign / f.rows, 4),
+                  rows_of_other_sampled_sequences=round(f.other_sequences / f.rows, 4),
                   shifted_rows=round(sum(f.shifted.values()) / f.rows, 4),
                   shifts=dict(Counter(dict(f.shifted.most_common(6)))))
     if f.short:
@@ -103,7 +109,9 @@ def rows(inp: Inputs) -> Finding:
     if f.ids_differ:
         ev["rows_saved_for_other_tokens"] = f.ids_differ
     misplaced = f.rows - f.own
-    if f.rows and misplaced / f.rows > 1 - SAME:
+    # rows are placed by the deepest slot: where it holds no state of the target, placement says nothing
+    many_misplaced = bool(f.rows) and misplaced / f.rows > 1 - SAME and (foreign_rows or holds[-1] != "unknown")
+    if many_misplaced:
         shifts = [d for d, _ in f.shifted.most_common()]
         block_rows = sum(c for d, c in f.shifted.items() if d > 0 and d % 16 == 0)
         blocky = bool(f.shifted) and block_rows >= 0.8 * sum(f.shifted.values())
@@ -119,7 +127,7 @@ def rows(inp: Inputs) -> Finding:
             fixes.append("pair rows by request id (patches capture-per-request, rows-by-request-id, "
                          "results-in-input-order)")
         problems.append(cause)
-    if f.short and not (f.rows and misplaced / f.rows > 1 - SAME):
+    if f.short and not many_misplaced:
         problems.append(f"{len(f.short)} of {f.samples} samples have fewer rows than tokens (truncated: F9, the tail "
                         "of a chunked prompt aborted)")
         fixes.append("keep unfinished prefills (patch keep-unfinished-prefill)")

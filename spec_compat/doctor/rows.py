@@ -38,6 +38,8 @@ class RowsFinding:
     short: list[tuple[int, int, int]] = field(default_factory=list)  # (sample, rows, tokens)
     ids_differ: list[int] = field(default_factory=list)  # samples whose rows were saved for other tokens
     slots: list[SlotFinding] = field(default_factory=list)
+    # rows of the deepest slot that are no state of their own sequence but one of another sampled sequence
+    other_sequences: int = 0
 
 
 def target_states(model: Any, ids: list[int]) -> dict[str, Any]:
@@ -69,6 +71,10 @@ def compare(states: Callable[[list[int]], dict[str, Any]], samples: list[Any]) -
     import torch
 
     f = RowsFinding()
+    # the last layer's state of every sampled sequence: a row of none of its own positions may be another's
+    pool = [_unit(states(list(s.row_token_ids or s.input_ids)[:MAX_TOKENS])["prenorm"]) for s in samples
+            if len(s.row_token_ids or s.input_ids) and s.rows.shape[0]]
+    pool_all = torch.cat(pool) if pool else None
     per_slot: dict[int, Counter] = {}
     cos_slot: dict[int, list[float]] = {}
     for s in samples:
@@ -97,6 +103,10 @@ def compare(states: Callable[[list[int]], dict[str, Any]], samples: list[Any]) -
             cos_slot.setdefault(slot, []).append(float(row_best[c].median()))
             if slot == rows.shape[1] - 1:  # rows placed by the deepest slot: its states differ per position
                 placed = (sims[c], r, t)
+                if pool_all is not None:
+                    own = sims[names.index("prenorm")].max(dim=1).values if "prenorm" in names else None
+                    anywhere = (_unit(rows[:, slot]) @ pool_all.T).max(dim=1).values
+                    f.other_sequences += int(((anywhere >= SAME) & ((own < SAME) if own is not None else True)).sum())
         if placed is None:
             continue
         sim, r, t = placed

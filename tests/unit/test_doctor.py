@@ -226,6 +226,20 @@ def test_k6_data_without_samples_is_named(world, clean):
     assert {got[c]["status"] for c in ("tokens", "vocabulary", "targets")} == {"skipped"}, got
 
 
+def test_k3_rows_unlike_the_target_are_named(world, clean):
+    """Rows that are no state of the target at all (K3: a layer called without an argument its model
+    computes, e.g. DeepSeek-V3's ``llama_4_scaling``; or rows of another checkpoint): every slot off."""
+    gen = torch.Generator().manual_seed(3)
+    rows = []
+    for s in world["samples"]:
+        r = world["rows_of"](s).float()
+        rows.append((r + 0.6 * r.std() * torch.randn(r.shape, generator=gen)).to(torch.bfloat16))
+    data = write_data(world["root"] / "k3", world["samples"], world["masks"], rows)
+    got = doctor(world, data, clean[1])
+    assert got["rows"]["status"] == "problem" and "match no state of the target" in got["rows"]["summary"], got["rows"]
+    assert "capture-layer-hooks" in got["rows"]["fix"]
+
+
 def test_g1_masks_of_other_samples_are_named(world, clean):
     masks = world["masks"][1:] + world["masks"][:1]  # each sample trained with another's mask
     masks = [(m + [0] * len(s))[:len(s)] for s, m in zip(world["samples"], masks)]

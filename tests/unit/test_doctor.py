@@ -238,6 +238,8 @@ def test_k3_rows_unlike_the_target_are_named(world, clean):
     got = doctor(world, data, clean[1])
     assert got["rows"]["status"] == "problem" and "match no state of the target" in got["rows"]["summary"], got["rows"]
     assert "capture-layer-hooks" in got["rows"]["fix"]
+    assert "(F10)" not in got["rows"]["summary"]
+    assert {got[c]["status"] for c in ("tokens", "vocabulary", "targets")} == {"ok"}, got
 
 
 def test_g1_masks_of_other_samples_are_named(world, clean):

@@ -223,6 +223,18 @@ def hs_connectors_config(backend: str, where: Path, master: str | None) -> dict:
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
+def extraction_args(common: list[str], layer_ids: list[int], where: Path, kv: dict | None = None) -> list[str]:
+    """``common`` serve arguments plus the backport's ``extract_hidden_states`` at ``layer_ids``, written
+    by ``kv`` (a ``--kv_transfer_config``; default: the backport's file connector into ``where``)."""
+    return common + [
+        "--speculative_config", json.dumps({"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                                            "draft_model_config": {"hf_config": {
+                                                "eagle_aux_hidden_state_layer_ids": layer_ids}}}),
+        "--kv_transfer_config", json.dumps(kv or {"kv_connector": "ExampleHiddenStatesConnector",
+                                                  "kv_role": "kv_producer",
+                                                  "kv_connector_extra_config": {"shared_storage_path": str(where)}})]
+
 #: every server's sitecustomize names the spec_compat it imports (checked in its log); with
 #: ``no_write`` the connector's write creates an empty file instead
 _SITE = """
@@ -291,13 +303,7 @@ def main() -> None:
     if a.trust_remote_code:
         common.append("--trust-remote-code")
     def extract_args(where: Path, kv: dict | None = None) -> list[str]:
-        return common + [
-            "--speculative_config", json.dumps({"method": "extract_hidden_states", "num_speculative_tokens": 1,
-                                                "draft_model_config": {"hf_config": {
-                                                    "eagle_aux_hidden_state_layer_ids": ids}}}),
-            "--kv_transfer_config", json.dumps(kv or {"kv_connector": "ExampleHiddenStatesConnector",
-                                                      "kv_role": "kv_producer",
-                                                      "kv_connector_extra_config": {"shared_storage_path": str(where)}})]
+        return extraction_args(common, ids, where, kv)
 
     os.chdir(work)  # `python -m` puts the working directory first on sys.path
     old = Path(a.baseline_tree).resolve() if a.baseline_tree else None

@@ -29,10 +29,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from extract_hidden_states_server import ROOT, Server, _server_env, hs_connectors_config  # noqa: E402
-
-#: speculators' default aux layers on a 30-layer target, then the last state
-LAYER_IDS = [2, 15, 27, 30]
+from extract_hidden_states_server import ROOT, Server, _server_env, extraction_args, hs_connectors_config  # noqa: E402
+from real_paths_rows import SERVER_IDS as LAYER_IDS  # noqa: E402  (aux layers, then the last state)
 CPU_FLAGS = ["--loss-implementation", "eager", "--draft-attn-impl", "sdpa", "--optimizer", "adamw",
              "--num-workers", "0", "--on-missing", "raise", "--log-freq", "1000"]
 
@@ -105,14 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(data, ignore_errors=True)
         shutil.copytree(prepared, data)
         storage = work / f"storage_{backend}"
-        kv = hs_connectors_config(backend, storage, None) if backend != "file" else {
-            "kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
-            "kv_connector_extra_config": {"shared_storage_path": str(storage)}}
-        spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": LAYER_IDS}}}
-        server = Server([target, "--dtype", "float32", "--max-model-len", str(longest + 64), "--block-size", "16",
-                         "--enforce-eager", "--speculative_config", json.dumps(spec), "--kv_transfer_config",
-                         json.dumps(kv)], work / f"server_{backend}.log", env=_server_env(work, f"srv-{backend}", ROOT))
+        kv = hs_connectors_config(backend, storage, None) if backend != "file" else None
+        common = [target, "--dtype", "float32", "--max-model-len", str(longest + 64), "--block-size", "16",
+                  "--enforce-eager"]
+        server = Server(extraction_args(common, LAYER_IDS, storage, kv), work / f"server_{backend}.log",
+                        env=_server_env(work, f"srv-{backend}", ROOT))
         t0 = time.perf_counter()
         try:
             server.wait_ready()

@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from extract_hidden_states_server import ROOT, Server, _one, _server_env, hs_connectors_config  # noqa: E402
+from extract_hidden_states_server import (  # noqa: E402
+    ROOT, Server, _one, _server_env, extraction_args, hs_connectors_config)
 
 #: speculators' default aux layers on a 30-layer target, then the last state (the backport's ids)
 SERVER_IDS = [2, 15, 27, 30]
@@ -112,13 +113,9 @@ def main(argv: list[str] | None = None) -> int:
               "--max-num-batched-tokens", "2048", "--enforce-eager"]
     for name, backend in (("server-file", None), ("server-fp8", "fp8")):
         where = work / name
-        kv = hs_connectors_config(backend, where, None) if backend else {
-            "kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
-            "kv_connector_extra_config": {"shared_storage_path": str(where)}}
-        spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": SERVER_IDS}}}
-        server = Server(common + ["--speculative_config", json.dumps(spec), "--kv_transfer_config", json.dumps(kv)],
-                        work / f"{name}.log", env=_server_env(work, name, ROOT))
+        kv = hs_connectors_config(backend, where, None) if backend else None
+        server = Server(extraction_args(common, SERVER_IDS, where, kv), work / f"{name}.log",
+                        env=_server_env(work, name, ROOT))
         t0 = time.perf_counter()
         try:
             server.wait_ready()

@@ -35,7 +35,7 @@ def add_arguments(command: str, p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline", type=float, help="the mean acceptance length a clean draft of the same size reaches "
                                                   "on these prompts (the measured check compares with it)")
     p.add_argument("--check", action="append", metavar="NAME",
-                   help="run only this check (repeat): fit, rows, tokens, vocabulary, measured")
+                   help="run only this check (repeat): fit, rows, tokens, vocabulary, targets, measured")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     p.set_defaults(func=cmd_doctor)
